@@ -1,0 +1,225 @@
+// Experiment and model configuration: typed structs, filled from YAML by one loader.
+// The YAML library stays inside core/src/config/; nothing here names it.
+//
+//   tessera::Diagnostics diags;
+//   tessera::LoadOptions opts;
+//   opts.overrides = {"model.n_layers=2"};                     // --set on the command line
+//   std::optional<tessera::Experiment> exp = tessera::load_experiment("exp.yaml", opts, &diags);
+//   if (!exp) { fputs(diags.str().c_str(), stderr); return 2; }  // every problem, all at once
+//
+// Every problem is reported as `file:line:col: key.path: problem (hint)`, and all of them are
+// collected before anything runs: unknown keys (with a "did you mean"), wrong types, values out of
+// range, inconsistent values (n_heads not dividing d_model, ...), a missing include or weights
+// file. Each key, its type, default and meaning is listed by config_schema(); docs/CONFIG.md is
+// generated from it and a test keeps the two equal.
+//
+// Keys whose default depends on other keys (d_k = d_model / n_heads, causal = arch is decoder,
+// ...) are resolved by the loader, so the structs below always hold final values and
+// `tessera check` can print them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/ops.h"
+#include "tessera/random.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+// ---------------------------------------------------------------------------------------------
+// Where a value came from, and what is wrong with it.
+
+struct Location {
+  std::string file;  // the YAML file, or "<--set>" for a command-line override
+  int line = 0;      // 1-based; 0 when unknown
+  int col = 0;       // 1-based
+};
+
+struct Diagnostic {
+  Location where;
+  std::string key;      // full key path, "model.attention.scale"; "" for file-level problems
+  std::string problem;  // what is wrong, with the bad value
+  std::string hint;     // what to do; may be empty
+  std::string str() const;  // "file:line:col: key: problem (hint)"
+};
+
+class Diagnostics {
+ public:
+  void add(Location where, std::string key, std::string problem, std::string hint = "");
+  bool empty() const { return items_.empty(); }
+  size_t size() const { return items_.size(); }
+  const std::vector<Diagnostic>& items() const { return items_; }
+  std::string str() const;  // one per line, in file order
+ private:
+  std::vector<Diagnostic> items_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The model.
+
+enum class Arch : int { encoder = 0, decoder = 1 };
+enum class NormPlacement : int { post = 0, pre = 1, none = 2 };
+enum class PositionKind : int { none = 0, sinusoidal = 1, learned = 2, relative = 3, rotary = 4 };
+enum class RotaryStyle : int { half = 0, interleaved = 1 };
+enum class StemKind : int { tokens = 0, features = 1, identity = 2 };
+enum class EmbedScale : int { none = 0, sqrt_d_model = 1 };
+enum class HeadKind : int { none = 0, pool = 1, classifier = 2, lm = 3 };
+enum class PoolKind : int { cls = 0, mean = 1, last = 2 };
+
+struct PositionConfig {
+  PositionKind kind = PositionKind::none;
+  int64_t max_len = 512;       // learned: table rows; sinusoidal: longest sequence accepted
+  int64_t max_distance = 16;   // relative (Shaw et al. 2018): offsets clipped to [-k, k]
+  double base = 10000.0;       // sinusoidal and rotary frequency base
+  int64_t rotary_dims = 0;     // rotary: leading dims of each head rotated (resolved: d_k)
+  RotaryStyle rotary_style = RotaryStyle::half;  // half: pairs (i, i + d/2); interleaved: (2i, 2i+1)
+};
+
+struct StemConfig {
+  StemKind kind = StemKind::tokens;
+  int64_t vocab_size = 0;   // tokens: rows of the embedding table
+  int64_t n_features = 0;   // features: width of each input row, projected to d_model
+  bool cls = false;         // features: prepend a learned CLS row
+  EmbedScale scale = EmbedScale::none;  // multiply embeddings by sqrt(d_model), as in 2017
+};
+
+struct AttentionConfig {
+  double scale = 0.0;            // resolved: 1 / sqrt(d_k) unless given
+  bool output_projection = true; // W_O; without it the block outputs the concatenated heads
+};
+
+struct HeadConfig {
+  HeadKind kind = HeadKind::none;
+  PoolKind pool = PoolKind::cls;  // resolved: cls when the stem adds a CLS row, else mean
+  bool normalize = false;         // pool: L2-normalise the pooled vector
+  int64_t n_classes = 0;          // classifier
+  std::vector<std::string> labels;  // classifier: optional class names, n_classes of them
+  bool tied = true;               // lm: logits through the token embedding table
+};
+
+struct InitConfig {
+  InitScheme scheme = InitScheme::glorot_normal;
+  double std = 0.02;  // for scheme normal
+  uint64_t seed = 0;
+};
+
+// A tensor written in the YAML itself (tiny teaching models), with where it was written.
+struct InlineTensor {
+  Tensor value;  // f32, (rows, cols) for a matrix, (n) for a vector
+  Location where;
+};
+
+struct WeightsConfig {
+  std::string file;                               // safetensors, resolved to an absolute path
+  Location file_where;
+  std::map<std::string, InlineTensor> inline_tensors;  // name -> tensor, see docs/CONFIG.md
+  bool allow_missing = true;  // resolved: false when `file` is given; missing tensors are initialised
+};
+
+struct ModelConfig {
+  std::string name;
+  Arch arch = Arch::encoder;
+  bool causal = false;  // resolved: true for decoders
+  int64_t d_model = 0;
+  int64_t n_layers = 1;
+  int64_t n_heads = 1;
+  int64_t d_k = 0;   // resolved: d_model / n_heads
+  int64_t d_v = 0;   // resolved: d_model / n_heads
+  int64_t d_ff = 0;  // resolved: 4 * d_model; 0 after resolution means no FFN sublayer
+  Activation activation = Activation::relu;
+  NormPlacement norm = NormPlacement::post;
+  double norm_eps = 1e-5;
+  bool final_norm = false;  // resolved: true for pre-LN
+  bool bias = true;         // biases in every linear layer
+  bool residual = true;
+  DType dtype = DType::f32;  // compute precision of the matmuls: f32 or bf16
+  AttentionConfig attention;
+  PositionConfig positions;
+  StemConfig stem;
+  HeadConfig head;
+  InitConfig init;
+  WeightsConfig weights;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The experiment around it (this part; datasets, plugins and tasks join later).
+
+struct InputConfig {
+  std::vector<std::string> tokens;  // labels of the rows, for display ("red", "ball", "rolls")
+  Tensor rows;                      // (T, F) f32 feature or hidden rows; undefined if none
+  std::vector<int32_t> ids;         // token ids; empty if none
+  Location where;
+};
+
+struct RuntimeConfig {
+  int threads = 0;         // intra-op threads; 0 = all cores
+  bool reference = false;  // run the reference loops instead of oneDNN (slow; for checking)
+};
+
+struct BenchConfig {
+  int64_t batch = 1;
+  int64_t seq_len = 0;  // resolved: positions.max_len capped at 128 when 0
+  int warmup = 2;
+  int reps = 10;
+};
+
+struct Experiment {
+  std::string file;  // absolute path of the experiment file
+  ModelConfig model;
+  InputConfig input;
+  RuntimeConfig runtime;
+  BenchConfig bench;
+  // Where every key that was written came from (key path -> location), for later diagnostics
+  // (weights that do not fit name the key that chose them).
+  std::map<std::string, Location> locations;
+  Location where(const std::string& key) const;  // nearest written ancestor's location
+};
+
+struct LoadOptions {
+  std::vector<std::string> overrides;  // "key.path=value", value parsed as YAML
+  size_t max_file_bytes = 16u << 20;    // larger files are refused
+  int max_depth = 64;                   // nesting deeper than this is refused
+  size_t max_nodes = 1'000'000;         // nodes visited, aliases counted each time they are used
+};
+
+// Loads and validates; on any problem returns nullopt with every problem in diags.
+std::optional<Experiment> load_experiment(const std::string& path, const LoadOptions& options,
+                                          Diagnostics* diags);
+// The same from a string (tests); `label` stands for the file name in messages and `base_dir`
+// resolves relative paths.
+std::optional<Experiment> load_experiment_from_string(const std::string& yaml,
+                                                      const std::string& label,
+                                                      const std::string& base_dir,
+                                                      const LoadOptions& options,
+                                                      Diagnostics* diags);
+
+// The resolved experiment as YAML, every default filled in (what `tessera check` prints).
+std::string to_yaml(const Experiment& exp);
+
+// ---------------------------------------------------------------------------------------------
+// The schema: one entry per key; docs/CONFIG.md is generated from it.
+
+struct KeySpec {
+  std::string path;           // "model.positions.max_len"
+  std::string type;           // "int", "float", "bool", "string", "path", "enum: a | b", ...
+  std::string default_value;  // as written in the docs: "512", "d_model / n_heads", "required"
+  std::string meaning;
+};
+const std::vector<KeySpec>& config_schema();
+std::string schema_markdown();  // the generated table in docs/CONFIG.md
+
+// Names for the enums, as written in YAML.
+const char* arch_name(Arch a);
+const char* norm_name(NormPlacement n);
+const char* position_kind_name(PositionKind p);
+const char* rotary_style_name(RotaryStyle s);
+const char* stem_kind_name(StemKind s);
+const char* embed_scale_name(EmbedScale s);
+const char* head_kind_name(HeadKind h);
+const char* pool_kind_name(PoolKind p);
+
+}  // namespace tessera

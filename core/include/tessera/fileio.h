@@ -1,0 +1,41 @@
+// Files: read whole, write atomically, map read-only. Every failure names the path and the
+// operating system's reason. Writes never leave a half-written file under the final name:
+// they go to a temporary file beside it, are fsync'ed, then renamed over the target.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tessera/status.h"
+
+namespace tessera {
+
+Result<std::string> read_file(const std::string& path);
+
+// Temp file in the same directory, write, fsync, rename, fsync the directory.
+Status write_file_atomic(const std::string& path, std::string_view bytes);
+
+// A read-only memory map of a whole file. Move-only; unmaps on destruction. An empty file maps
+// to size() == 0 and data() == nullptr.
+class MappedFile {
+ public:
+  static Result<std::shared_ptr<MappedFile>> open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile() = default;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::string path_;
+};
+
+}  // namespace tessera

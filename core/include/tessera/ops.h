@@ -1,0 +1,128 @@
+// The numeric ops of the transformer, in two implementations with the same meaning:
+//   - the fast path (namespace tessera::ops, class tessera::Linear): oneDNN primitives, created
+//     once per shape and cached, weights reordered to the primitive's layout once;
+//   - the reference path (namespace tessera::ref): plain loops, obviously correct, slow.
+// Tests hold the two together over random shapes; models can run either (ForwardOptions).
+// This header names no oneDNN type: everything oneDNN lives in core/src/dnnl/.
+//
+//   Tensor x = Tensor::zeros({4, 8});                          // (T, C)
+//   Result<Linear> lin = Linear::create(w /*(8, 16)*/, b /*(16)*/, Activation::gelu_erf);
+//   Tensor y = Tensor::empty({4, 16});
+//   Status st = lin->forward(x, y);                            // y = gelu(x·w + b)
+//
+// Conventions. Weights of a linear layer are (K, N) = (in, out): y = x·W, as in the seeds and in
+// the 2017 paper; a PyTorch (out, in) weight is passed as its transpose view, no copy. All ops
+// accept f32 and bf16 inputs; outputs are f32 unless stated. With bf16, inputs are rounded to bf16
+// and products accumulate in f32 (oneDNN's bf16 semantics); on CPUs where oneDNN has no bf16
+// kernels the same numbers are produced by rounding and computing in f32 (see runtime_info()).
+// Softmax subtracts the row maximum; a row whose every entry is -inf gives zeros, never NaN.
+// Thread-safety: ops may be called from several threads at once; a Linear is immutable after
+// create() and may be shared by threads.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+// Only grows.
+enum class Activation : int {
+  none = 0,
+  relu = 1,
+  gelu_erf = 2,   // x/2 · (1 + erf(x/√2)): BERT, ViT, the exact GELU
+  gelu_tanh = 3,  // x/2 · (1 + tanh(√(2/π)(x + 0.044715x³))): GPT-2's gelu_new
+};
+const char* activation_name(Activation a);
+
+// Threads used inside one op (intra-op). 0 = all cores. Applies process-wide.
+void set_num_threads(int n);
+int num_threads();
+
+struct RuntimeInfo {
+  std::string onednn_version;  // "2.6.3"
+  std::string isa;             // what oneDNN dispatches to, e.g. "avx2", "avx512_core_bf16"
+  bool native_bf16 = false;    // oneDNN has bf16 matmul kernels on this CPU
+  int threads = 0;
+};
+RuntimeInfo runtime_info();
+
+// A linear layer with its weights packed once: y (M, N) = act(x (M, K) · W (K, N) + b (N)) [+ r (M, N)].
+// The residual r, when given, is added after the activation (a fused post-op).
+class Linear {
+ public:
+  Linear() = default;
+  // weight: (K, N), f32 or bf16, any strides (a transpose view is fine); bias: (N) or undefined.
+  // compute: f32, or bf16 (weights rounded to bf16 once here, activations at each call).
+  static Result<Linear> create(const Tensor& weight, const Tensor& bias, Activation act,
+                               DType compute = DType::f32);
+
+  // x: (M, K) f32 or bf16 with unit stride in K; y: (M, N) f32, contiguous, preallocated;
+  // residual: (M, N) f32 or nullptr. y may not alias x; it may alias *residual.
+  Status forward(const Tensor& x, Tensor& y, const Tensor* residual = nullptr) const;
+
+  int64_t in_features() const;
+  int64_t out_features() const;
+  Activation activation() const;
+  DType compute_dtype() const;
+  const Tensor& weight() const;  // (K, N) as given to create(), for the reference path and export
+  const Tensor& bias() const;
+  std::string impl_name() const;  // the oneDNN implementation chosen, e.g. "gemm:jit"
+  bool defined() const { return impl_ != nullptr; }
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+namespace ops {
+
+// c (..., M, N) = alpha · a (..., M, K) · b (..., K, N). Rank 2 to 4; leading (batch) dims equal.
+// a and b may be strided views (b may be a transpose view of a (..., N, K) tensor). c is f32,
+// preallocated, and may be a strided view too.
+Status matmul(const Tensor& a, const Tensor& b, Tensor& c, float alpha = 1.0f);
+
+// y = softmax(x) along the last axis. In place is allowed (y shares x's storage).
+// A row of all -inf gives a row of zeros.
+Status softmax(const Tensor& x, Tensor& y);
+
+// y = (x - mean) / sqrt(var + eps) · gamma + beta, over the last axis (C); gamma, beta: (C).
+// eps > 0 keeps a constant row finite (it maps to beta).
+Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y);
+
+// y (..., C) = table (V, C)[ids (...)]; ids are i32; an id outside [0, V) is an error naming it.
+Status embedding(const Tensor& table, const Tensor& ids, Tensor& y);
+
+// y = a + b; b has a's shape or is broadcast over a's leading dims (b's shape a suffix of a's).
+// In place allowed (y is a).
+Status add(const Tensor& a, const Tensor& b, Tensor& y);
+
+// y = act(x), elementwise. In place allowed.
+Status activation(Activation act, const Tensor& x, Tensor& y);
+
+// (B, T, H·D) -> (B, H, T, D) and back.
+Status split_heads(const Tensor& x, int64_t n_heads, Tensor& y);
+Status merge_heads(const Tensor& x, Tensor& y);
+
+}  // namespace ops
+
+// Reference loops: the same contracts, written for clarity. f32 accumulation; bf16 inputs are
+// converted to f32 first (so they give what the fast path gives on bf16-rounded inputs).
+namespace ref {
+Status linear(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+              const Tensor* residual, Tensor& y);
+Status matmul(const Tensor& a, const Tensor& b, Tensor& c, float alpha = 1.0f);
+Status softmax(const Tensor& x, Tensor& y);
+Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y);
+Status embedding(const Tensor& table, const Tensor& ids, Tensor& y);
+Status add(const Tensor& a, const Tensor& b, Tensor& y);
+Status activation(Activation act, const Tensor& x, Tensor& y);
+Status split_heads(const Tensor& x, int64_t n_heads, Tensor& y);
+Status merge_heads(const Tensor& x, Tensor& y);
+float activate(Activation act, float x);  // one value
+}  // namespace ref
+
+}  // namespace tessera

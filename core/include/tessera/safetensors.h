@@ -1,0 +1,81 @@
+// Safetensors, read and written natively (https://huggingface.co/docs/safetensors).
+// Reading memory-maps the file and validates it as the format demands before any tensor is
+// touched; tensors come back as zero-copy views that keep the mapping alive.
+//
+//   Result<safetensors::File> f = safetensors::File::open("model.safetensors");
+//   if (!f.ok()) { /* message names the file, the tensor and the rule broken */ }
+//   Result<Tensor> w = f->get("blocks.0.attn.w_q");
+//
+// Layout: 8 bytes little-endian u64 N, then N bytes of UTF-8 JSON header (may be padded with
+// trailing spaces), then the byte buffer. The header maps each tensor name to
+// {"dtype", "shape", "data_offsets": [begin, end]} relative to the buffer, plus an optional
+// "__metadata__" map of string to string.
+// Rules checked on open, each failure naming the file, the tensor and the rule:
+//   - the file holds at least 8 bytes; N is at most kMaxHeaderBytes and fits in the file;
+//   - the header is valid JSON, an object, starts with '{'; no duplicate keys;
+//   - every entry has exactly dtype, shape and data_offsets with the right JSON types;
+//     dtype is one the format defines; shape entries are non-negative integers;
+//   - begin <= end, end within the buffer;
+//   - the element count times the dtype size equals end - begin, computed without overflow;
+//   - the tensors, sorted by offset, cover the buffer exactly: no overlap, no hole, nothing
+//     after the last tensor;
+//   - __metadata__, if present, maps strings to strings.
+// Thread-safety: a File is immutable after open() and may be shared.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/fileio.h"
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+
+namespace tessera::safetensors {
+
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's bound
+
+struct TensorInfo {
+  std::string name;
+  std::string dtype_name;  // as in the file: "F32", "BF16", "F16", "I32", "I64", "U8", "BOOL", "F64", ...
+  Shape shape;
+  uint64_t begin = 0;  // byte offsets within the buffer
+  uint64_t end = 0;
+};
+
+class File {
+ public:
+  static Result<File> open(const std::string& path);
+  // Parse bytes already in memory; `label` names them in messages (tests, embedded data).
+  static Result<File> from_bytes(std::string label, std::string bytes);
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in file (offset) order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorInfo* find(const std::string& name) const;
+
+  // Zero-copy view for F32, BF16, F16, I32, I64, U8 and BOOL (as u8); other dtypes give an
+  // `unsupported` status naming the tensor and its dtype.
+  Result<Tensor> get(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::shared_ptr<const void> owner_;  // the mapping or the byte string
+  const uint8_t* buffer_ = nullptr;    // start of the byte buffer (after the header)
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Write tensors (any dtype in DType, any strides: written contiguous) in the given order,
+// atomically. Names must be unique and non-empty; "__metadata__" is reserved.
+Status write(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+             const std::map<std::string, std::string>& metadata = {});
+
+// The bytes write() would produce, for tests and in-memory use.
+Result<std::string> serialize(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace tessera::safetensors

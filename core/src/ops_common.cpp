@@ -1,0 +1,153 @@
+// Argument checks shared by both op paths; each message names the op and the offending shape.
+#include "ops_common.h"
+
+namespace tessera::detail {
+
+namespace {
+bool is_float(const Tensor& t) { return t.dtype() == DType::f32 || t.dtype() == DType::bf16; }
+Status need_defined(const char* op, const char* name, const Tensor& t) {
+  if (!t.defined()) return Status::Invalid(std::string(op) + ": " + name + " is undefined");
+  return Status::Ok();
+}
+Status need_float(const char* op, const char* name, const Tensor& t) {
+  TSR_RETURN_IF_ERROR(need_defined(op, name, t));
+  if (!is_float(t))
+    return Status::Invalid(std::string(op) + ": " + name + " must be f32 or bf16, got " +
+                           t.describe());
+  return Status::Ok();
+}
+}  // namespace
+
+Status check_same_shape(const char* op, const Tensor& x, const Tensor& y) {
+  TSR_RETURN_IF_ERROR(need_float(op, "x", x));
+  TSR_RETURN_IF_ERROR(need_defined(op, "y", y));
+  if (x.shape() != y.shape())
+    return Status::Invalid(std::string(op) + ": output " + y.describe() + " does not match input " +
+                           x.describe());
+  return Status::Ok();
+}
+
+Status check_linear_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
+                           const Tensor* residual, const Tensor& y) {
+  TSR_RETURN_IF_ERROR(need_float(op, "x", x));
+  TSR_RETURN_IF_ERROR(need_float(op, "weight", w));
+  TSR_RETURN_IF_ERROR(need_defined(op, "y", y));
+  if (x.rank() != 2 || w.rank() != 2)
+    return Status::Invalid(std::string(op) + ": x must be (M, K) and weight (K, N); got x " +
+                           x.describe() + ", weight " + w.describe());
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(1);
+  if (w.dim(0) != K)
+    return Status::Invalid(std::string(op) + ": x " + x.describe() + " has K = " +
+                           std::to_string(K) + " but weight " + w.describe() + " has K = " +
+                           std::to_string(w.dim(0)));
+  if (b.defined() && (b.rank() != 1 || b.dim(0) != N))
+    return Status::Invalid(std::string(op) + ": bias " + b.describe() + " should be (" +
+                           std::to_string(N) + ")");
+  if (y.rank() != 2 || y.dim(0) != M || y.dim(1) != N)
+    return Status::Invalid(std::string(op) + ": output " + y.describe() + " should be (" +
+                           std::to_string(M) + ", " + std::to_string(N) + ")");
+  if (residual && residual->shape() != y.shape())
+    return Status::Invalid(std::string(op) + ": residual " + residual->describe() +
+                           " should match output " + y.describe());
+  return Status::Ok();
+}
+
+Status check_matmul_shapes(const char* op, const Tensor& a, const Tensor& b, const Tensor& c) {
+  TSR_RETURN_IF_ERROR(need_float(op, "a", a));
+  TSR_RETURN_IF_ERROR(need_float(op, "b", b));
+  TSR_RETURN_IF_ERROR(need_defined(op, "c", c));
+  const int r = a.rank();
+  if (r < 2 || r > 4 || b.rank() != r || c.rank() != r)
+    return Status::Invalid(std::string(op) + ": a, b, c must have the same rank, 2 to 4; got " +
+                           a.describe() + ", " + b.describe() + ", " + c.describe());
+  bool ok = a.dim(-1) == b.dim(-2) && c.dim(-2) == a.dim(-2) && c.dim(-1) == b.dim(-1);
+  for (int i = 0; i < r - 2; ++i) ok = ok && a.dim(i) == b.dim(i) && a.dim(i) == c.dim(i);
+  if (!ok)
+    return Status::Invalid(std::string(op) + ": shapes do not chain: a " + a.describe() + " · b " +
+                           b.describe() + " -> c " + c.describe());
+  if (c.dtype() != DType::f32)
+    return Status::Invalid(std::string(op) + ": c must be f32, got " + c.describe());
+  return Status::Ok();
+}
+
+Status check_layer_norm_shapes(const char* op, const Tensor& x, const Tensor& gamma,
+                               const Tensor& beta, float eps, const Tensor& y) {
+  TSR_RETURN_IF_ERROR(check_same_shape(op, x, y));
+  TSR_RETURN_IF_ERROR(need_float(op, "gamma", gamma));
+  TSR_RETURN_IF_ERROR(need_float(op, "beta", beta));
+  const int64_t C = x.rank() ? x.dim(-1) : 0;
+  if (x.rank() < 1 || C == 0)
+    return Status::Invalid(std::string(op) + ": x must have a non-empty last axis, got " +
+                           x.describe());
+  if (gamma.rank() != 1 || gamma.dim(0) != C || beta.rank() != 1 || beta.dim(0) != C)
+    return Status::Invalid(std::string(op) + ": gamma " + gamma.describe() + " and beta " +
+                           beta.describe() + " should be (" + std::to_string(C) + ")");
+  if (!(eps > 0.f))
+    return Status::Invalid(std::string(op) + ": eps must be > 0 (a constant row would divide by "
+                           "zero), got " + std::to_string(eps));
+  return Status::Ok();
+}
+
+Status check_embedding(const char* op, const Tensor& table, const Tensor& ids, const Tensor& y) {
+  TSR_RETURN_IF_ERROR(need_float(op, "table", table));
+  TSR_RETURN_IF_ERROR(need_defined(op, "ids", ids));
+  TSR_RETURN_IF_ERROR(need_defined(op, "y", y));
+  if (table.rank() != 2)
+    return Status::Invalid(std::string(op) + ": table must be (V, C), got " + table.describe());
+  if (ids.dtype() != DType::i32)
+    return Status::Invalid(std::string(op) + ": ids must be i32, got " + ids.describe());
+  if (y.numel() != ids.numel() * table.dim(1) || y.rank() < 1 || y.dim(-1) != table.dim(1))
+    return Status::Invalid(std::string(op) + ": output " + y.describe() + " should be ids " +
+                           ids.shape().str() + " x " + std::to_string(table.dim(1)));
+  if (!y.is_contiguous() || y.dtype() != DType::f32)
+    return Status::Invalid(std::string(op) + ": output must be contiguous f32, got " + y.describe());
+  return Status::Ok();
+}
+
+Status check_add_shapes(const char* op, const Tensor& a, const Tensor& b, const Tensor& y) {
+  TSR_RETURN_IF_ERROR(check_same_shape(op, a, y));
+  TSR_RETURN_IF_ERROR(need_float(op, "b", b));
+  bool suffix = b.rank() <= a.rank();
+  for (int i = 1; suffix && i <= b.rank(); ++i) suffix = b.dim(-i) == a.dim(-i);
+  if (!suffix)
+    return Status::Invalid(std::string(op) + ": b " + b.describe() +
+                           " must have a's shape or a suffix of it; a is " + a.describe());
+  return Status::Ok();
+}
+
+Status check_split_heads(const char* op, const Tensor& x, int64_t n_heads, const Tensor& y) {
+  TSR_RETURN_IF_ERROR(need_float(op, "x", x));
+  TSR_RETURN_IF_ERROR(need_defined(op, "y", y));
+  if (x.rank() != 3 || n_heads <= 0 || x.dim(2) % n_heads != 0)
+    return Status::Invalid(std::string(op) + ": x must be (B, T, H*D) with H = " +
+                           std::to_string(n_heads) + " dividing the last axis; got " + x.describe());
+  const int64_t D = x.dim(2) / n_heads;
+  if (y.rank() != 4 || y.dim(0) != x.dim(0) || y.dim(1) != n_heads || y.dim(2) != x.dim(1) ||
+      y.dim(3) != D)
+    return Status::Invalid(std::string(op) + ": output " + y.describe() + " should be (" +
+                           std::to_string(x.dim(0)) + ", " + std::to_string(n_heads) + ", " +
+                           std::to_string(x.dim(1)) + ", " + std::to_string(D) + ")");
+  return Status::Ok();
+}
+
+Status check_merge_heads(const char* op, const Tensor& x, const Tensor& y) {
+  TSR_RETURN_IF_ERROR(need_float(op, "x", x));
+  TSR_RETURN_IF_ERROR(need_defined(op, "y", y));
+  if (x.rank() != 4)
+    return Status::Invalid(std::string(op) + ": x must be (B, H, T, D), got " + x.describe());
+  if (y.rank() != 3 || y.dim(0) != x.dim(0) || y.dim(1) != x.dim(2) ||
+      y.dim(2) != x.dim(1) * x.dim(3))
+    return Status::Invalid(std::string(op) + ": output " + y.describe() + " should be (" +
+                           std::to_string(x.dim(0)) + ", " + std::to_string(x.dim(2)) + ", " +
+                           std::to_string(x.dim(1) * x.dim(3)) + ")");
+  return Status::Ok();
+}
+
+Status bad_id(const char* op, int64_t position, int64_t id, int64_t vocab) {
+  return Status::OutOfRange(std::string(op) + ": token id " + std::to_string(id) + " at position " +
+                            std::to_string(position) + " is outside the vocabulary [0, " +
+                            std::to_string(vocab) + ") (check the tokenizer's vocabulary against "
+                            "the model's stem.vocab_size)");
+}
+
+}  // namespace tessera::detail

@@ -1,0 +1,114 @@
+// Tensor storage, views, copies and dtype conversions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "tessera/tensor.h"
+
+using namespace tessera;
+
+TEST(Tensor, ZerosAreAlignedContiguousAndZero) {
+  Tensor t = Tensor::zeros({3, 5});
+  EXPECT_EQ(t.rank(), 2);
+  EXPECT_EQ(t.numel(), 15);
+  EXPECT_EQ(t.stride(0), 5);
+  EXPECT_EQ(t.stride(1), 1);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % Tensor::kAlignment, 0u);
+  for (float v : t.to_vector()) EXPECT_EQ(v, 0.f);
+  EXPECT_EQ(t.describe(), "f32 (3, 5)");
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::from_vector({2, 3}, {0, 1, 2, 3, 4, 5});
+  Tensor row = t.select(0, 1);
+  EXPECT_EQ(row.shape(), Shape({3}));
+  EXPECT_EQ(row.at({2}), 5.f);
+  row.data<float>()[0] = 30.f;
+  EXPECT_EQ(t.at({1, 0}), 30.f);
+
+  Tensor col = t.slice(1, 1, 3);
+  EXPECT_EQ(col.shape(), Shape({2, 2}));
+  EXPECT_FALSE(col.is_contiguous());
+  EXPECT_EQ(col.at({1, 1}), 5.f);
+
+  Tensor tt = t.transpose(0, 1);
+  EXPECT_EQ(tt.shape(), Shape({3, 2}));
+  EXPECT_EQ(tt.at({2, 1}), 5.f);
+  Tensor c = tt.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_EQ(c.to_vector(), (std::vector<float>{0, 30, 1, 4, 2, 5}));
+}
+
+TEST(Tensor, ReshapeAndUnsqueeze) {
+  Tensor t = Tensor::from_vector({2, 3}, {0, 1, 2, 3, 4, 5});
+  Tensor r = t.reshape({3, 2});
+  EXPECT_EQ(r.at({2, 0}), 4.f);
+  Tensor u = t.unsqueeze(0);
+  EXPECT_EQ(u.shape(), Shape({1, 2, 3}));
+  EXPECT_EQ(u.at({0, 1, 2}), 5.f);
+  Tensor u2 = t.unsqueeze(-1);
+  EXPECT_EQ(u2.shape(), Shape({2, 3, 1}));
+  EXPECT_EQ(u2.at({1, 1, 0}), 4.f);
+}
+
+TEST(Tensor, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(round_to_bf16(1.0f), 1.0f);
+  // 1 + 2^-8 is halfway between two bf16 values (1 and 1 + 2^-7): ties go to even, i.e. 1.
+  EXPECT_EQ(round_to_bf16(1.0f + std::ldexp(1.0f, -8)), 1.0f);
+  // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6.
+  EXPECT_EQ(round_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 1.0f + std::ldexp(1.0f, -6));
+  EXPECT_TRUE(std::isnan(round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(round_to_bf16(std::numeric_limits<float>::infinity()),
+            std::numeric_limits<float>::infinity());
+}
+
+TEST(Tensor, F16RoundTripsAndRounds) {
+  for (float v : {0.f, -0.f, 1.f, -2.5f, 65504.f, 6.103515625e-05f /*min normal*/,
+                  5.960464477539063e-08f /*min subnormal*/, 0.333251953125f}) {
+    EXPECT_EQ(f16_to_f32(f32_to_f16(v)), v) << v;
+  }
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1e6f)), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(f32_to_f16(1.0f).bits, 0x3c00);
+  EXPECT_EQ(f32_to_f16(-2.0f).bits, 0xc000);
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even gives 1.
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::nanf("")))));
+}
+
+TEST(Tensor, ConversionsKeepValues) {
+  Tensor t = Tensor::from_vector({4}, {1.5f, -2.f, 0.25f, 3.f});
+  Tensor b = t.to(DType::bf16);
+  EXPECT_EQ(b.dtype(), DType::bf16);
+  EXPECT_EQ(b.to_vector(), t.to_vector());
+  Tensor h = t.to(DType::f16);
+  EXPECT_EQ(h.to_vector(), t.to_vector());
+  Tensor i = Tensor::from_ids({3}, {7, -1, 42});
+  EXPECT_EQ(i.to(DType::i64).at({2}), 42.f);
+  EXPECT_EQ(i.to(DType::f32).to_vector(), (std::vector<float>{7, -1, 42}));
+}
+
+TEST(Tensor, WrapBorrowsAndKeepsOwnerAlive) {
+  auto owner = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4});
+  std::weak_ptr<std::vector<float>> weak = owner;
+  Tensor t = Tensor::wrap(owner->data(), {2, 2}, DType::f32, owner);
+  owner.reset();
+  EXPECT_FALSE(weak.expired());
+  EXPECT_EQ(t.at({1, 0}), 3.f);
+  Tensor v = t.select(0, 1);
+  t = Tensor();
+  EXPECT_FALSE(weak.expired());
+  EXPECT_EQ(v.at({1}), 4.f);
+  v = Tensor();
+  EXPECT_TRUE(weak.expired());
+}
+
+TEST(Tensor, EmptyDimensionsAreFine) {
+  Tensor t = Tensor::zeros({0, 4});
+  EXPECT_EQ(t.numel(), 0);
+  Tensor c = t.clone();
+  EXPECT_EQ(c.shape(), Shape({0, 4}));
+  EXPECT_TRUE(c.to_vector().empty());
+}
