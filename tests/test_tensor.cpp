@@ -112,3 +112,18 @@ TEST(Tensor, EmptyDimensionsAreFine) {
   EXPECT_EQ(c.shape(), Shape({0, 4}));
   EXPECT_TRUE(c.to_vector().empty());
 }
+
+TEST(Tensor, UnflattenMakesHeadViews) {
+  // (B=1, T=2, 3 heads of D=2) packed as (B, T, H·D); head views are (B, H, T, D).
+  std::vector<float> v(12);
+  for (int i = 0; i < 12; ++i) v[i] = static_cast<float>(i);
+  Tensor x = Tensor::from_vector({1, 2, 6}, v);
+  Tensor heads = x.unflatten(2, 3, 2).transpose(1, 2);
+  EXPECT_EQ(heads.shape(), Shape({1, 3, 2, 2}));
+  EXPECT_EQ(heads.at({0, 2, 1, 0}), 10.f);  // head 2, row 1, dim 0 -> column 4 of row 1
+  // On a strided slice too: the value block of a fused (T, [q | v]) buffer.
+  Tensor qv = Tensor::from_vector({2, 4}, {0, 1, 2, 3, 4, 5, 6, 7});
+  Tensor vblock = qv.slice(1, 2, 4).unflatten(1, 2, 1);
+  EXPECT_EQ(vblock.shape(), Shape({2, 2, 1}));
+  EXPECT_EQ(vblock.at({1, 1, 0}), 7.f);
+}

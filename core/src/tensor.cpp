@@ -354,6 +354,30 @@ Tensor Tensor::unsqueeze(int dim) const {
   return t;
 }
 
+Tensor Tensor::unflatten(int dim, int64_t outer, int64_t inner) const {
+  if (dim < 0) dim += rank();
+  TSR_CHECK(dim >= 0 && dim < rank() && rank() < kMaxRank, "unflatten: bad dim");
+  TSR_CHECK(outer * inner == shape_[dim], "unflatten: outer * inner != dim");
+  Tensor t;
+  t.storage_ = storage_;
+  t.dtype_ = dtype_;
+  t.offset_ = offset_;
+  std::vector<int64_t> dims;
+  for (int i = 0, j = 0; i < rank(); ++i) {
+    if (i == dim) {
+      dims.push_back(outer);
+      dims.push_back(inner);
+      t.strides_[j++] = strides_[i] * inner;
+      t.strides_[j++] = strides_[i];
+    } else {
+      dims.push_back(shape_[i]);
+      t.strides_[j++] = strides_[i];
+    }
+  }
+  t.shape_ = Shape(dims);
+  return t;
+}
+
 void Tensor::copy_from(const Tensor& src) {
   TSR_CHECK(defined() && src.defined(), "copy_from: undefined tensor");
   TSR_CHECK(src.shape() == shape_, "copy_from: shapes differ");

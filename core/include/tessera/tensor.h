@@ -134,6 +134,9 @@ class Tensor {
   Tensor select(int dim, int64_t index) const;  // rank - 1
   Tensor transpose(int a, int b) const;
   Tensor unsqueeze(int dim) const;
+  // Split one dim into (outer, inner), outer·inner == dim(d); works on strided views too:
+  // (B, T, H·D) -> unflatten(2, H, D) -> (B, T, H, D).
+  Tensor unflatten(int dim, int64_t outer, int64_t inner) const;
 
   // Copies.
   Tensor contiguous() const;  // *this when already contiguous

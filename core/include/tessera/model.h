@@ -1,0 +1,131 @@
+// Model: a transformer assembled from a ModelConfig — stem, N blocks, optional final norm, head —
+// and run on a batch of token ids or feature rows.
+//
+//   Diagnostics diags;
+//   std::optional<Experiment> exp = load_experiment("configs/examples/red_ball_rolls.yaml", {}, &diags);
+//   Result<Model> model = Model::build(exp->model);          // weights: inline, file, or seeded init
+//   Batch batch = Batch::from_rows(exp->input.rows);          // (1, T, F)
+//   ForwardOptions opt;
+//   opt.capture = {"blocks.0.attn.weights"};                  // keep an intermediate by name
+//   Outputs out;
+//   Status st = model->forward(batch, opt, &out);             // out.hidden: (B, T, C)
+//
+// The model reads like the diagram. For each block (post-LN, the 2017 paper and the seeds):
+//   U = MultiHead(X);  R = LayerNorm(X + U);  F = FFN(R);  Y = LayerNorm(R + F)
+// and pre-LN (GPT-2, ViT): R = X + MultiHead(LN(X));  Y = R + FFN(LN(R)).
+// Attention is the only layer that mixes rows; everything else acts on each row alone.
+//
+// Parameter names (stable: weight files, `explain`, parity tests and exports all use them;
+// weights are (in, out), so a layer computes x · W):
+//   stem.embed (V, C)            token embedding table          stem.kind tokens
+//   stem.proj (F, C), stem.proj_bias (C), stem.cls (C)          stem.kind features
+//   pos.table (max_len, C)                                      positions.kind learned
+//   blocks.L.attn.w_q (C, H·dk)  b_q (H·dk)   — head h owns columns [h·dk, (h+1)·dk);
+//   blocks.L.attn.w_k (C, H·dk)  b_k (H·dk)     files and inline weights may instead give each
+//   blocks.L.attn.w_v (C, H·dv)  b_v (H·dv)     head alone as blocks.L.attn.head{h}.w_q (C, dk) …
+//   blocks.L.attn.w_o (H·dv, C)  b_o (C)        (output_projection)
+//   blocks.L.attn.rel_k (2k+1, dk), rel_v (2k+1, dv)            positions.kind relative
+//   blocks.L.ln1.gamma/beta (C)  around attention; blocks.L.ln2.gamma/beta (C) around the FFN
+//   blocks.L.ffn.w1 (C, F) b1 (F), blocks.L.ffn.w2 (F, C) b2 (C)  with F = d_ff
+//   final_norm.gamma/beta (C)
+//   head.w (C, n_classes), head.b (n_classes)                   classifier
+//   head.lm (C, V), head.lm_bias (V)                            lm, untied
+// Intermediates (ForwardOptions::capture): stem.out (B,T,C) after positions; blocks.L.in;
+// blocks.L.attn.in (the rows the attention reads: LN(X) in pre-LN); blocks.L.attn.q/k (B,H,T,dk)
+// (after rotary), v (B,H,T,dv); scores (B,H,T,T) scaled, before the mask; mask (B,T,T) 0 or -inf;
+// weights (B,H,T,T); heads (B,H,T,dv); concat (B,T,H·dv); out (B,T,C) after W_O; residual
+// (X + U); blocks.L.ln1, blocks.L.ffn.hidden (B,T,F), blocks.L.ffn.out, blocks.L.out;
+// final_norm.out; head.pooled, head.logits, head.probs.
+//
+// Ownership and threads: a built Model is immutable; forward() may run on several threads at
+// once, each with its own Outputs. Weights (including memory-mapped files) live as long as the
+// Model.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/config.h"
+#include "tessera/ops.h"
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+// A batch of B items padded to T rows. Exactly one of ids / rows is defined.
+struct Batch {
+  Tensor ids;   // (B, T) i32 token ids                 (stem.kind tokens)
+  Tensor rows;  // (B, T, F) f32 feature or hidden rows  (stem.kind features / identity)
+  std::vector<int64_t> lengths;  // valid input rows per item (padding mask); empty = all T
+
+  static Batch from_ids(const std::vector<int32_t>& ids);  // one item
+  static Batch from_rows(const Tensor& rows);              // (T, F) -> one item
+  int64_t batch_size() const;
+  int64_t seq_len() const;  // input rows, before a CLS row is added
+};
+
+struct ForwardOptions {
+  bool reference = false;          // plain loops instead of oneDNN
+  std::set<std::string> capture;   // intermediate names to keep; "*" keeps all
+};
+
+struct Outputs {
+  Tensor hidden;  // (B, T', C) after the final norm; T' = T (+1 with a CLS row)
+  Tensor pooled;  // (B, C)                       head pool / classifier
+  Tensor logits;  // (B, n_classes) or (B, T', V) head classifier / lm
+  Tensor probs;   // softmax of the logits: (B, n_classes), or (B, V) for the next token
+                  // after each item's last valid row (lm)
+  std::map<std::string, Tensor> captured;  // requested intermediates, by name
+};
+
+// What one forward pass costs, for `tessera check` and `tessera bench`.
+struct Plan {
+  int64_t rows = 0;                 // T' rows per item
+  int64_t parameters = 0;           // number of parameter scalars
+  int64_t parameter_bytes = 0;      // as stored
+  double flops_per_item = 0;        // multiply-adds count 2
+  int64_t activation_bytes_per_item = 0;  // peak working set of one item's activations
+  int64_t score_entries_per_head = 0;     // n², the scores one head forms for one item
+  std::vector<std::pair<std::string, double>> flops_by_part;  // "attention scores", ...
+};
+Plan make_plan(const ModelConfig& cfg, int64_t seq_len);
+
+// One parameter the config asks for.
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  enum class Init { matrix, zeros, ones } init = Init::matrix;
+  int64_t head_cols = 0;  // > 0: drawn head by head, each (rows, head_cols) block on its own
+};
+std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg);
+
+class Model {
+ public:
+  // Builds the model. Every parameter comes from, in order: model.weights.inline, then
+  // model.weights.file, then seeded init (when allow_missing). Missing, unexpected and mis-shaped
+  // tensors are all reported together in one status naming each tensor with expected and found
+  // shapes (and the YAML location of the source).
+  static Result<Model> build(const ModelConfig& cfg);
+
+  const ModelConfig& config() const { return *cfg_; }
+  const std::vector<std::pair<std::string, Tensor>>& parameters() const { return *params_; }
+  const Tensor* parameter(const std::string& name) const;
+  int64_t rows_for(int64_t input_rows) const;  // T' for T input rows
+
+  Status forward(const Batch& batch, const ForwardOptions& options, Outputs* out) const;
+
+  // All parameters, named as above, into one safetensors file.
+  Status save(const std::string& path) const;
+
+  struct Layers;  // oneDNN-ready layers (packed weights), private to core/src/model
+
+ private:
+  std::shared_ptr<const ModelConfig> cfg_;
+  std::shared_ptr<const std::vector<std::pair<std::string, Tensor>>> params_;
+  std::shared_ptr<const Layers> layers_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,161 @@
+// Multi-head scaled dot-product attention: the only layer that mixes information across rows.
+// Q, K and V come from one fused matmul; heads are strided views of that buffer, so splitting
+// and merging heads costs no copy. Scores are materialised (B, H, T, T) — the fused, tiled
+// kernel that never stores them belongs to the speed issue; this one is the readable baseline.
+#include <cmath>
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "layers.h"
+
+namespace tessera::model {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// (B, H, T, D) view of the columns [col0, col0 + H·D) of a (B·T, N) buffer.
+Tensor head_view(const Tensor& buf, int64_t B, int64_t T, int64_t col0, int64_t H, int64_t D) {
+  const int64_t N = buf.dim(1);
+  return buf.reshape({B, T, N}).slice(2, col0, col0 + H * D).unflatten(2, H, D).transpose(1, 2);
+}
+
+// Is key column j allowed for query row i of item b?
+inline bool allowed(bool causal, int64_t len, int64_t i, int64_t j) {
+  return j < len && !(causal && j > i);
+}
+
+}  // namespace
+
+Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& x,
+                         const std::vector<int64_t>& lengths, const Tensor* residual, Tensor& y,
+                         const Capture& cap, const std::string& p) {
+  const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
+  const int64_t H = L.n_heads, dk = L.d_k, dv = L.d_v;
+  auto len_of = [&](int64_t b) { return lengths.empty() ? T : lengths[b]; };
+
+  // 1. Project: [Q | K | V] (B·T, H·(2dk + dv)) = x · [W_Q | W_K | W_V] + b.
+  Tensor qkv = Tensor::empty({B * T, L.qkv.out_features()});
+  TSR_RETURN_IF_ERROR(ex.linear(L.qkv, x.reshape({B * T, C}), qkv));
+  Tensor q = head_view(qkv, B, T, 0, H, dk);           // (B, H, T, dk)
+  Tensor k = head_view(qkv, B, T, H * dk, H, dk);      // (B, H, T, dk)
+  Tensor v = head_view(qkv, B, T, 2 * H * dk, H, dv);  // (B, H, T, dv)
+
+  if (L.positions.kind == PositionKind::rotary) {
+    apply_rotary(q, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style);
+    apply_rotary(k, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style);
+  }
+  cap.put(p + ".q", q);
+  cap.put(p + ".k", k);
+  cap.put(p + ".v", v);
+
+  // 2. Score every pair: S (B, H, T, T) = scale · Q Kᵀ.
+  Tensor scores = Tensor::empty({B, H, T, T});
+  TSR_RETURN_IF_ERROR(ex.matmul(q, k.transpose(2, 3), scores, L.scale));
+  float* s = scores.data<float>();
+
+  // Relative keys (Shaw et al.): S_ij += scale · q_i · a^K_{clip(j - i)}.
+  const bool relative = L.positions.kind == PositionKind::relative;
+  const int64_t kmax = L.positions.max_distance, R = 2 * kmax + 1;
+  if (relative) {
+    const Tensor rk = L.rel_k.to(DType::f32);
+    const float* a = rk.data<float>();
+    const float* qp = q.data<float>();
+    const int64_t qb = q.stride(0), qh = q.stride(1), qt = q.stride(2);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<float> qa(static_cast<size_t>(R));
+        for (int64_t i = 0; i < T; ++i) {
+          const float* qi = qp + b * qb + h * qh + i * qt;
+          for (int64_t r = 0; r < R; ++r) {
+            float acc = 0.f;
+            for (int64_t d = 0; d < dk; ++d) acc += qi[d] * a[r * dk + d];
+            qa[r] = L.scale * acc;
+          }
+          float* srow = s + ((b * H + h) * T + i) * T;
+          for (int64_t j = 0; j < T; ++j) srow[j] += qa[relative_index(i, j, kmax)];
+        }
+      }
+  }
+  cap.put(p + ".scores", scores);
+
+  // 3. Mask: -inf on every column a row may not use (future columns, padding); softmax turns
+  //    them into exact zeros. A row with no allowed column becomes all zeros, not NaN.
+  if (cap.wants(p + ".mask")) {
+    Tensor mask = Tensor::empty({B, T, T});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < T; ++j)
+          mask.data<float>()[(b * T + i) * T + j] = allowed(L.causal, len_of(b), i, j) ? 0.f : kNegInf;
+    cap.put(p + ".mask", mask);
+  }
+  bool any_masked = L.causal;
+  for (int64_t b = 0; b < B; ++b) any_masked = any_masked || len_of(b) < T;
+  if (any_masked) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          float* srow = s + ((b * H + h) * T + i) * T;
+          for (int64_t j = 0; j < T; ++j)
+            if (!allowed(L.causal, len_of(b), i, j)) srow[j] = kNegInf;
+        }
+  }
+
+  // 4. Weights: A = softmax over each row.
+  TSR_RETURN_IF_ERROR(ex.softmax(scores, scores));
+  cap.put(p + ".weights", scores);
+
+  // 5. Weighted sum of values, written straight into the concatenation: O_h = A_h V_h.
+  Tensor concat = Tensor::empty({B, T, H * dv});
+  Tensor heads = concat.unflatten(2, H, dv).transpose(1, 2);  // (B, H, T, dv) view
+  TSR_RETURN_IF_ERROR(ex.matmul(scores, v, heads));
+  if (relative) {  // O_i += Σ_j A_ij a^V_{clip(j - i)}
+    const Tensor rv = L.rel_v.to(DType::f32);
+    const float* a = rv.data<float>();
+    float* hp = heads.data<float>();
+    const int64_t hb = heads.stride(0), hh = heads.stride(1), ht = heads.stride(2);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<float> wr(static_cast<size_t>(R));
+        for (int64_t i = 0; i < T; ++i) {
+          std::fill(wr.begin(), wr.end(), 0.f);
+          const float* arow = s + ((b * H + h) * T + i) * T;
+          for (int64_t j = 0; j < T; ++j) wr[relative_index(i, j, kmax)] += arow[j];
+          float* oi = hp + b * hb + h * hh + i * ht;
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t d = 0; d < dv; ++d) oi[d] += wr[r] * a[r * dv + d];
+        }
+      }
+  }
+  cap.put(p + ".heads", heads);
+  cap.put(p + ".concat", concat);
+
+  // 6. Output projection back to d_model, with the residual fused: y = [x +] concat · W_O + b_O.
+  if (!L.out.defined()) {
+    if (residual) return Status::Invalid(p + ": a residual needs the output projection W_O");
+    y.copy_from(concat);
+    return Status::Ok();
+  }
+  Tensor y2 = y.reshape({B * T, L.out.out_features()});
+  if (residual) {
+    const Tensor r2 = residual->reshape({B * T, L.out.out_features()});
+    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), y2, &r2));
+  } else {
+    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), y2));
+  }
+  if (cap.wants(p + ".out") && residual) {
+    // The projection alone, for explain: recompute without the residual (captures only).
+    Tensor u = Tensor::empty({B * T, L.out.out_features()});
+    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), u));
+    cap.put(p + ".out", u.reshape({B, T, L.out.out_features()}));
+  } else {
+    cap.put(p + ".out", y);
+  }
+  return Status::Ok();
+}
+
+}  // namespace tessera::model

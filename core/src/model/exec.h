@@ -1,0 +1,60 @@
+// Exec: the one switch between the fast path (oneDNN) and the reference loops, so that model
+// code is written once; Capture: keeps the intermediates a caller asked for, by name.
+// Private to core/src/model.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "tessera/ops.h"
+
+namespace tessera::model {
+
+struct Exec {
+  bool reference = false;
+
+  // y = act(x·W + b) [+ r]. On the reference path a bf16 layer rounds its inputs and weights to
+  // bf16 first, which is what the fast path computes.
+  Status linear(const Linear& l, const Tensor& x, Tensor& y, const Tensor* residual = nullptr) const {
+    if (!reference) return l.forward(x, y, residual);
+    if (l.compute_dtype() == DType::bf16)
+      return ref::linear(x.to(DType::bf16), l.weight().to(DType::bf16), l.bias(), l.activation(),
+                         residual, y);
+    return ref::linear(x, l.weight(), l.bias(), l.activation(), residual, y);
+  }
+  Status matmul(const Tensor& a, const Tensor& b, Tensor& c, float alpha = 1.f) const {
+    return reference ? ref::matmul(a, b, c, alpha) : ops::matmul(a, b, c, alpha);
+  }
+  Status softmax(const Tensor& x, Tensor& y) const {
+    return reference ? ref::softmax(x, y) : ops::softmax(x, y);
+  }
+  Status layer_norm(const Tensor& x, const Tensor& g, const Tensor& b, float eps, Tensor& y) const {
+    return reference ? ref::layer_norm(x, g, b, eps, y) : ops::layer_norm(x, g, b, eps, y);
+  }
+  Status embedding(const Tensor& table, const Tensor& ids, Tensor& y) const {
+    return reference ? ref::embedding(table, ids, y) : ops::embedding(table, ids, y);
+  }
+  Status add(const Tensor& a, const Tensor& b, Tensor& y) const {
+    return reference ? ref::add(a, b, y) : ops::add(a, b, y);
+  }
+};
+
+class Capture {
+ public:
+  Capture(const std::set<std::string>& names, std::map<std::string, Tensor>* out)
+      : names_(names), out_(out) {}
+  bool wants(const std::string& name) const {
+    return out_ && !names_.empty() && (names_.count("*") || names_.count(name));
+  }
+  // Keeps a copy: the buffer behind `t` is reused by later layers.
+  void put(const std::string& name, const Tensor& t) const {
+    if (wants(name)) (*out_)[name] = t.clone();
+  }
+
+ private:
+  const std::set<std::string>& names_;
+  std::map<std::string, Tensor>* out_;
+};
+
+}  // namespace tessera::model

@@ -1,0 +1,48 @@
+// The layers a model is assembled from: position encodings and multi-head attention.
+// Each forward is a function of (weights, inputs) that writes its outputs and, through Capture,
+// whatever a caller (explain, parity tests, a future backward) wants to keep. Private to core/src.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "exec.h"
+#include "tessera/config.h"
+
+namespace tessera::model {
+
+// (T, C) table of the 2017 paper: PE(p, 2i) = sin(p / base^(2i/C)), PE(p, 2i+1) = cos(...).
+Tensor sinusoidal_table(int64_t T, int64_t C, double base);
+
+// Rotates the first `dims` entries of every row of x (B, H, T, D) (any strides, f32) in place by
+// the angle p · base^(-2i/dims) of its position p = pos0 + t (Su et al. 2021). `half` pairs entry
+// i with i + dims/2 (GPT-NeoX, ESM-2, LLaMA); `interleaved` pairs 2i with 2i + 1 (GPT-J).
+void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64_t pos0 = 0);
+
+// Shaw et al. 2018: the embedding index of the offset j - i, clipped to [-k, k], shifted to [0, 2k].
+inline int64_t relative_index(int64_t i, int64_t j, int64_t k) {
+  int64_t d = j - i;
+  d = d < -k ? -k : (d > k ? k : d);
+  return d + k;
+}
+
+// The weights of one multi-head attention, immutable after build.
+struct AttentionLayer {
+  int64_t n_heads = 1, d_k = 0, d_v = 0;
+  float scale = 1.f;
+  bool causal = false;
+  PositionConfig positions;
+  Linear qkv;    // (C, H·(2dk + dv)): [W_Q heads | W_K heads | W_V heads], one matmul for all three
+  Linear out;    // (H·dv, C) W_O; undefined without an output projection
+  Tensor rel_k;  // (2k+1, dk) relative key embeddings, or undefined
+  Tensor rel_v;  // (2k+1, dv) relative value embeddings, or undefined
+};
+
+// y (B, T, C_out) = [residual +] W_O · concat_h softmax(mask(scale · Q_h K_hᵀ)) V_h for x (B, T, C).
+// lengths[b]: valid key rows of item b (empty: all T). y may be *residual (in-place residual).
+// Without an output projection, y is the concatenation (B, T, H·dv) and residual must be null.
+Status attention_forward(const AttentionLayer& layer, const Exec& ex, const Tensor& x,
+                         const std::vector<int64_t>& lengths, const Tensor* residual, Tensor& y,
+                         const Capture& cap, const std::string& prefix);
+
+}  // namespace tessera::model

@@ -1,0 +1,19 @@
+// The subcommands of `tessera`. Each registers its options on the app and, when chosen, sets
+// *run to the function that does the work (so parsing finishes before anything runs).
+#pragma once
+
+#include <functional>
+
+namespace CLI {
+class App;
+}
+
+namespace tessera::cli {
+
+void add_check_command(CLI::App& app, std::function<int()>* run);
+void add_explain_command(CLI::App& app, std::function<int()>* run);
+void add_forward_command(CLI::App& app, std::function<int()>* run);
+void add_bench_command(CLI::App& app, std::function<int()>* run);
+void add_schema_command(CLI::App& app, std::function<int()>* run);
+
+}  // namespace tessera::cli
