@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "tessera/config.h"
@@ -186,4 +188,52 @@ TEST(Seeds, WordOrderNeedsPositions) {
   const auto owl_b = bp.out.hidden.select(0, 0).select(0, 4).to_vector();
   for (size_t i = 0; i < owl_a.size(); ++i) diff = std::max(diff, std::fabs(owl_a[i] - owl_b[i]));
   EXPECT_GT(diff, 1e-3f);
+}
+
+TEST(Seeds, SeededInitIsTheLecturesNumPyDraws) {
+  // The deck: rng = np.random.default_rng(9); W = rng.normal(0, sqrt(2 / (rows + cols)), (rows, cols))
+  // for W_Q of each head, W_K of each head, W_V of each head, then W_O. The expected values are
+  // NumPy's own (tests/data/rng, made by tools/reference/make_rng_fixtures.py).
+  std::ifstream f(std::string(TESSERA_TEST_DATA) + "/rng/numpy_default_rng.txt");
+  ASSERT_TRUE(f.good());
+  std::map<std::string, std::vector<double>> numpy;
+  std::string line, current;
+  while (std::getline(f, line)) {
+    if (line.rfind("@ ", 0) == 0) {
+      current.clear();
+      if (line.rfind("@ lecture ", 0) == 0) {
+        const size_t at = line.find("name=") + 5;
+        current = line.substr(at, line.find(' ', at) - at);
+      }
+    } else if (!current.empty() && !line.empty() && line[0] != '#') {
+      const uint64_t bits = std::stoull(line, nullptr, 16);
+      double d;
+      std::memcpy(&d, &bits, 8);
+      numpy[current].push_back(d);
+    }
+  }
+  ASSERT_EQ(numpy.size(), 7u);
+  Diagnostics diags;
+  std::optional<Experiment> e = load_experiment(kExamples + "seeded_init.yaml", {}, &diags);
+  ASSERT_TRUE(e) << diags.str();
+  Result<Model> m = Model::build(e->model);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  // Tessera keeps each projection's heads side by side: head h owns columns [h·d, (h+1)·d).
+  const std::pair<const char*, const char*> map[] = {{"Wq", "blocks.0.attn.w_q"}, {"Wk", "blocks.0.attn.w_k"},
+                                                     {"Wv", "blocks.0.attn.w_v"}};
+  for (const auto& [np_name, ours] : map) {
+    const Tensor w = *m->parameter(ours);
+    const int64_t d = w.dim(1) / 2;
+    for (int64_t h = 0; h < 2; ++h) {
+      const std::vector<double>& want = numpy.at(std::string(np_name) + "." + std::to_string(h));
+      for (int64_t r = 0; r < 3; ++r)
+        for (int64_t c = 0; c < d; ++c)
+          EXPECT_EQ(w.at({r, h * d + c}), static_cast<float>(want[static_cast<size_t>(r * d + c)]))
+              << ours << " head " << h << " (" << r << ", " << c << ")";
+    }
+  }
+  const Tensor wo = *m->parameter("blocks.0.attn.w_o");
+  const std::vector<double>& want = numpy.at("Wo");
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(wo.at({r, c}), static_cast<float>(want[static_cast<size_t>(r * 3 + c)]));
 }
