@@ -1,7 +1,7 @@
 // read_file, write_file_atomic and MappedFile on real files in a fresh temporary directory:
 // contents, error messages, and that a failed write leaves no temporary file behind.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,9 +21,8 @@ namespace {
 class FileIo : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("tessera_fileio_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::path(::testing::TempDir()) / ("tessera_fileio_" + std::to_string(::getpid()) + "_" +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -95,7 +94,8 @@ TEST_F(FileIo, ReadOfAMissingFileIsNotFound) {
   Result<std::string> r = read_file(path("missing"));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::not_found);
-  EXPECT_THAT(r.status().message(), HasSubstr(path("missing") + ": cannot open for reading: No such file or directory"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(path("missing") + ": cannot open for reading: No such file or directory"));
 }
 
 TEST_F(FileIo, ReadOfADirectoryFails) {

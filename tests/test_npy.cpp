@@ -45,11 +45,14 @@ Status refusal(const std::string& bytes) {
 
 std::string hex_decode(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
   return out;
 }
 
-std::string bytes_of(const Tensor& t) { return std::string(static_cast<const char*>(t.raw_data()), t.nbytes()); }
+std::string bytes_of(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
+}
 
 const std::string kF32x6(24, '\0');
 
@@ -62,8 +65,8 @@ TEST(Npy, RoundTripsEveryDtypeTheWriterKeeps) {
   Tensor u8 = Tensor::empty({3}, DType::u8);
   for (int i = 0; i < 3; ++i) u8.data<uint8_t>()[i] = static_cast<uint8_t>(100 * i + 5);
   const Tensor f32 = Tensor::from_vector({2, 3}, {0.f, -0.f, 1.f / 3.f, -2.5f, 1e-45f, 3e38f});
-  for (const Tensor& t : {f32, f32.to(DType::f16), Tensor::from_ids({1, 2, 2}, {-1, 0, 1, 2147483647}), i64, u8,
-                          Tensor::from_vector({}, {4.f}), Tensor::zeros({0, 5})}) {
+  for (const Tensor& t : {f32, f32.to(DType::f16), Tensor::from_ids({1, 2, 2}, {-1, 0, 1, 2147483647}), i64,
+                          u8, Tensor::from_vector({}, {4.f}), Tensor::zeros({0, 5})}) {
     SCOPED_TRACE(t.describe());
     Result<std::string> bytes = npy::serialize(t);
     ASSERT_TRUE(bytes.ok()) << bytes.status().message();
@@ -114,9 +117,10 @@ TEST(Npy, SaveThenLoadAFile) {
 
 TEST(Npy, AcceptsThePythonLiteralsNumpyMightWrite) {
   const std::string data(8, '\0');
-  for (const std::string& dict : {std::string("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"),
-                                  std::string("{\"shape\":(2,),\"descr\":\"<f4\",\"fortran_order\":False}"),
-                                  std::string("{ 'fortran_order' : False , 'shape' : ( 2 , ) , 'descr' : '<f4' }")}) {
+  for (const std::string& dict :
+       {std::string("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"),
+        std::string("{\"shape\":(2,),\"descr\":\"<f4\",\"fortran_order\":False}"),
+        std::string("{ 'fortran_order' : False , 'shape' : ( 2 , ) , 'descr' : '<f4' }")}) {
     SCOPED_TRACE(dict);
     Result<Tensor> t = npy::parse("ok.npy", npy_bytes(dict, data));
     ASSERT_TRUE(t.ok()) << t.status().message();
@@ -161,7 +165,8 @@ TEST(NpyRefuses, BadMagic) {
   Status s = refusal(std::string("\x93NUMPZ\x01\x00\x00\x00", 10));
   EXPECT_EQ(s.code(), Code::parse_error);
   EXPECT_EQ(s.message(), "bad.npy: bytes 0-5 are not the .npy magic \\x93NUMPY (not a .npy file)");
-  EXPECT_THAT(refusal("\x93NUM").message(), StartsWith("bad.npy: file is 4 bytes, too short for a .npy preamble"));
+  EXPECT_THAT(refusal("\x93NUM").message(),
+              StartsWith("bad.npy: file is 4 bytes, too short for a .npy preamble"));
 }
 
 TEST(NpyRefuses, UnknownFormatVersion) {
@@ -169,14 +174,17 @@ TEST(NpyRefuses, UnknownFormatVersion) {
   bytes[6] = 4;
   Status s = refusal(bytes);
   EXPECT_EQ(s.code(), Code::unsupported);
-  EXPECT_THAT(s.message(), StartsWith("bad.npy: .npy format version 4.0 (this reader knows 1.0, 2.0 and 3.0)"));
+  EXPECT_THAT(s.message(),
+              StartsWith("bad.npy: .npy format version 4.0 (this reader knows 1.0, 2.0 and 3.0)"));
 }
 
 TEST(NpyRefuses, UnsupportedDescr) {
   for (const char* descr : {">f4", "<c8", "|O", "<U3", "<u2"}) {
-    Status s = refusal(npy_bytes(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (0,), }", ""));
+    Status s = refusal(
+        npy_bytes(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (0,), }", ""));
     EXPECT_EQ(s.code(), Code::unsupported);
-    EXPECT_THAT(s.message(), StartsWith(std::string("bad.npy: 'descr' is '") + descr + "', which Tessera does not read"));
+    EXPECT_THAT(s.message(),
+                StartsWith(std::string("bad.npy: 'descr' is '") + descr + "', which Tessera does not read"));
   }
 }
 
@@ -187,42 +195,58 @@ TEST(NpyRefuses, FortranOrder) {
 }
 
 TEST(NpyRefuses, TruncatedData) {
-  Status s = refusal(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", kF32x6.substr(4)));
+  Status s =
+      refusal(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", kF32x6.substr(4)));
   EXPECT_EQ(s.code(), Code::parse_error);
   EXPECT_EQ(s.message(),
-            "bad.npy: data is 20 bytes after the header (at byte 128) but <f4 shape (2, 3) needs 24 (the file is truncated)");
+            "bad.npy: data is 20 bytes after the header (at byte 128) but <f4 shape (2, 3) needs 24 (the "
+            "file is truncated)");
 }
 
 TEST(NpyRefuses, TrailingBytes) {
-  EXPECT_THAT(refusal(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", kF32x6 + "x")).message(),
-              HasSubstr("data is 25 bytes after the header (at byte 128) but <f4 shape (2, 3) needs 24 (the file has trailing bytes)"));
+  EXPECT_THAT(refusal(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", kF32x6 + "x"))
+                  .message(),
+              HasSubstr("data is 25 bytes after the header (at byte 128) but <f4 shape (2, 3) needs 24 (the "
+                        "file has trailing bytes)"));
 }
 
 TEST(NpyRefuses, HeaderTooLong) {
   std::string bytes = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", "abcd", 2);
   const uint32_t huge = 20000;
   std::memcpy(bytes.data() + 8, &huge, 4);
-  EXPECT_THAT(refusal(bytes).message(), StartsWith("bad.npy: header length 20000 exceeds the 10000-byte limit"));
+  EXPECT_THAT(refusal(bytes).message(),
+              StartsWith("bad.npy: header length 20000 exceeds the 10000-byte limit"));
 }
 
 TEST(NpyRefuses, HeaderPastTheEnd) {
-  const std::string bytes = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", "").substr(0, 40);
-  EXPECT_THAT(refusal(bytes).message(), StartsWith("bad.npy: header length 118 runs past the end of the 40-byte file"));
+  const std::string bytes =
+      npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", "").substr(0, 40);
+  EXPECT_THAT(refusal(bytes).message(),
+              StartsWith("bad.npy: header length 118 runs past the end of the 40-byte file"));
 }
 
 TEST(NpyRefuses, MalformedHeaderDicts) {
   const std::pair<std::string, std::string> cases[] = {
       {"{'descr': '<f4', 'fortran_order': False}", "header, file byte 49: missing key 'shape'"},
-      {"{'descr': '<f4', 'fortran_order': False, 'shape': (), 'extra': 1}", "header, file byte 64: unexpected key 'extra'"},
-      {"{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': ()}", "header, file byte 27: key 'descr' appears twice"},
-      {"{'descr': '<f4', 'fortran_order': False, 'shape': (1)}", "'shape' is a parenthesised integer, not a tuple"},
-      {"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}", "header, file byte 61: shape entries must be non-negative"},
-      {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", "shape entry does not fit in 63 bits"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (), 'extra': 1}",
+       "header, file byte 64: unexpected key 'extra'"},
+      {"{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': ()}",
+       "header, file byte 27: key 'descr' appears twice"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (1)}",
+       "'shape' is a parenthesised integer, not a tuple"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}",
+       "header, file byte 61: shape entries must be non-negative"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}",
+       "shape entry does not fit in 63 bits"},
       {"{'descr': '<f4', 'fortran_order': 0, 'shape': ()}", "'fortran_order' must be True or False"},
-      {"{'descr' '<f4', 'fortran_order': False, 'shape': ()}", "header, file byte 19: expected ':' after the key 'descr'"},
-      {"{'descr': '<f4', 'fortran_order': False 'shape': ()}", "expected ',' or '}' after the value of 'fortran_order'"},
-      {"{'descr': '<f4', 'fortran_order': False, 'shape': ()} x", "unexpected text after the header dict's closing '}'"},
-      {"{'descr': '<f\\x34', 'fortran_order': False, 'shape': ()}", "unexpected character in the 'descr' string"},
+      {"{'descr' '<f4', 'fortran_order': False, 'shape': ()}",
+       "header, file byte 19: expected ':' after the key 'descr'"},
+      {"{'descr': '<f4', 'fortran_order': False 'shape': ()}",
+       "expected ',' or '}' after the value of 'fortran_order'"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': ()} x",
+       "unexpected text after the header dict's closing '}'"},
+      {"{'descr': '<f\\x34', 'fortran_order': False, 'shape': ()}",
+       "unexpected character in the 'descr' string"},
       {"['descr', '<f4']", "header, file byte 10: expected the header dict"},
       {"{descr: '<f4'}", "header, file byte 11: expected a key in quotes"},
   };
@@ -236,14 +260,20 @@ TEST(NpyRefuses, MalformedHeaderDicts) {
 }
 
 TEST(NpyRefuses, MoreDimensionsThanATensorHas) {
-  Status s = refusal(npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1), }", "x"));
+  Status s =
+      refusal(npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1), }", "x"));
   EXPECT_EQ(s.code(), Code::unsupported);
   EXPECT_THAT(s.message(), StartsWith("bad.npy: 'shape' has 7 dimensions; Tessera tensors have at most 6"));
 }
 
 TEST(NpyRefuses, ShapeWhoseByteCountOverflows) {
-  EXPECT_THAT(refusal(npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (2147483648, 2147483648), }", "")).message(),
-              StartsWith("bad.npy: 'shape' needs more bytes than fit in 64 bits"));
-  EXPECT_THAT(refusal(npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }", "")).message(),
-              StartsWith("bad.npy: 'shape' has more elements than fit in 63 bits"));
+  EXPECT_THAT(
+      refusal(npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (2147483648, 2147483648), }", ""))
+          .message(),
+      StartsWith("bad.npy: 'shape' needs more bytes than fit in 64 bits"));
+  EXPECT_THAT(
+      refusal(
+          npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }", ""))
+          .message(),
+      StartsWith("bad.npy: 'shape' has more elements than fit in 63 bits"));
 }

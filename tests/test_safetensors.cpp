@@ -59,15 +59,20 @@ Status refusal(const std::string& bytes) {
   EXPECT_FALSE(f.ok()) << "accepted a file that breaks a rule";
   return f.status();
 }
-Status refusal(const std::string& header, const std::string& buffer) { return refusal(file_bytes(header, buffer)); }
+Status refusal(const std::string& header, const std::string& buffer) {
+  return refusal(file_bytes(header, buffer));
+}
 
 std::string hex_decode(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
   return out;
 }
 
-std::string bytes_of(const Tensor& t) { return std::string(static_cast<const char*>(t.raw_data()), t.nbytes()); }
+std::string bytes_of(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
+}
 
 // The path of the file mapped at address p, from /proc/self/maps ("" if none).
 std::string mapped_path_at(const void* p) {
@@ -77,7 +82,8 @@ std::string mapped_path_at(const void* p) {
     std::string range, perms, offset, dev, inode, path;
     in >> range >> perms >> offset >> dev >> inode >> path;
     const size_t dash = range.find('-');
-    const auto lo = std::stoull(range.substr(0, dash), nullptr, 16), hi = std::stoull(range.substr(dash + 1), nullptr, 16);
+    const auto lo = std::stoull(range.substr(0, dash), nullptr, 16),
+               hi = std::stoull(range.substr(dash + 1), nullptr, 16);
     const auto a = reinterpret_cast<uintptr_t>(p);
     if (lo <= a && a < hi) return path;
   }
@@ -109,9 +115,8 @@ std::vector<std::pair<std::string, Tensor>> every_dtype() {
 class SafetensorsFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("tessera_st_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::path(::testing::TempDir()) / ("tessera_st_" + std::to_string(::getpid()) + "_" +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -218,7 +223,8 @@ TEST(Safetensors, AcceptsPaddingEmptyTensorsAndNoTensors) {
   EXPECT_TRUE(st::File::from_bytes("a", file_bytes("{}")).ok());
   EXPECT_TRUE(st::File::from_bytes("b", file_bytes("{}      ")).ok());
   Result<st::File> f = st::File::from_bytes(
-      "c", file_bytes(object({entry("e", "F32", "[0,3]", 0, 0), entry("one", "U8", "[1]", 0, 1)}) + "  ", "x"));
+      "c",
+      file_bytes(object({entry("e", "F32", "[0,3]", 0, 0), entry("one", "U8", "[1]", 0, 1)}) + "  ", "x"));
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_EQ(f->get("e")->shape(), Shape({0, 3}));
   EXPECT_EQ(f->get("one")->at({0}), static_cast<float>('x'));
@@ -232,7 +238,8 @@ TEST(Safetensors, GetRefusesDtypesTesseraDoesNotLoadAndUnknownNames) {
   Result<Tensor> d = f->get("d");
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), Code::unsupported);
-  EXPECT_THAT(d.status().message(), StartsWith("m.safetensors: tensor \"d\" has dtype F64, which Tessera does not load"));
+  EXPECT_THAT(d.status().message(),
+              StartsWith("m.safetensors: tensor \"d\" has dtype F64, which Tessera does not load"));
   Result<Tensor> b = f->get("b");  // BOOL loads as u8
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->dtype(), DType::u8);
@@ -260,7 +267,8 @@ TEST(Safetensors, WriterRefusesBadNames) {
   };
   EXPECT_EQ(why({{"", t}}), "safetensors: a tensor has an empty name (give every tensor a name)");
   EXPECT_THAT(why({{"a", t}, {"a", t}}), StartsWith("safetensors: tensor \"a\": the name appears twice"));
-  EXPECT_THAT(why({{"__metadata__", t}}), StartsWith("safetensors: tensor \"__metadata__\": the name is reserved"));
+  EXPECT_THAT(why({{"__metadata__", t}}),
+              StartsWith("safetensors: tensor \"__metadata__\": the name is reserved"));
   EXPECT_THAT(why({{"u", Tensor()}}), StartsWith("safetensors: tensor \"u\": the tensor is undefined"));
   EXPECT_THAT(why({{"\xff", t}}), HasSubstr("not valid UTF-8"));
 
@@ -329,19 +337,22 @@ TEST(Safetensors, ReferenceValuesDecodeAsExpected) {
 TEST(SafetensorsRule, FileShorterThanEightBytes) {
   Status s = refusal(std::string("\x02\0\0\0", 4));
   EXPECT_EQ(s.code(), Code::parse_error);
-  EXPECT_THAT(s.message(), StartsWith("bad.safetensors: file is 4 bytes, shorter than the 8-byte header length"));
+  EXPECT_THAT(s.message(),
+              StartsWith("bad.safetensors: file is 4 bytes, shorter than the 8-byte header length"));
 }
 
 TEST(SafetensorsRule, HeaderLengthAboveTheLimit) {
   EXPECT_EQ(refusal(le64(std::numeric_limits<uint64_t>::max()) + "{}").message(),
             "bad.safetensors: header length 18446744073709551615 exceeds the 100000000-byte limit "
             "(file is truncated or not safetensors)");
-  EXPECT_THAT(refusal(le64(st::kMaxHeaderBytes + 1) + "{}").message(), HasSubstr("exceeds the 100000000-byte limit"));
+  EXPECT_THAT(refusal(le64(st::kMaxHeaderBytes + 1) + "{}").message(),
+              HasSubstr("exceeds the 100000000-byte limit"));
 }
 
 TEST(SafetensorsRule, HeaderLengthBeyondTheFile) {
-  EXPECT_THAT(refusal(le64(40) + "{}").message(),
-              StartsWith("bad.safetensors: header length 40 runs past the end of the file, which has 2 bytes"));
+  EXPECT_THAT(
+      refusal(le64(40) + "{}").message(),
+      StartsWith("bad.safetensors: header length 40 runs past the end of the file, which has 2 bytes"));
 }
 
 TEST(SafetensorsRule, HeaderNotJson) {
@@ -357,7 +368,8 @@ TEST(SafetensorsRule, HeaderNotAnObject) {
 }
 
 TEST(SafetensorsRule, HeaderNotStartingWithBrace) {
-  EXPECT_THAT(refusal(" {}", "").message(), StartsWith("bad.safetensors: header must start with '{' at byte 8"));
+  EXPECT_THAT(refusal(" {}", "").message(),
+              StartsWith("bad.safetensors: header must start with '{' at byte 8"));
 }
 
 TEST(SafetensorsRule, DuplicateTensorName) {
@@ -377,9 +389,10 @@ TEST(SafetensorsRule, EntryNotAnObject) {
 }
 
 TEST(SafetensorsRule, MissingField) {
-  EXPECT_THAT(refusal(R"({"w":{"dtype":"U8","data_offsets":[0,1]}})", "x").message(),
-              StartsWith("bad.safetensors: tensor \"w\": missing field \"shape\" (an entry has exactly dtype, shape "
-                         "and data_offsets)"));
+  EXPECT_THAT(
+      refusal(R"({"w":{"dtype":"U8","data_offsets":[0,1]}})", "x").message(),
+      StartsWith("bad.safetensors: tensor \"w\": missing field \"shape\" (an entry has exactly dtype, shape "
+                 "and data_offsets)"));
 }
 
 TEST(SafetensorsRule, ExtraField) {
@@ -388,29 +401,32 @@ TEST(SafetensorsRule, ExtraField) {
 }
 
 TEST(SafetensorsRule, UnknownDtype) {
-  EXPECT_THAT(refusal(object({entry("w", "F33", "[1]", 0, 4)}), "xxxx").message(),
-              StartsWith("bad.safetensors: tensor \"w\": unknown dtype \"F33\" (the format defines BOOL, U8,"));
+  EXPECT_THAT(
+      refusal(object({entry("w", "F33", "[1]", 0, 4)}), "xxxx").message(),
+      StartsWith("bad.safetensors: tensor \"w\": unknown dtype \"F33\" (the format defines BOOL, U8,"));
   EXPECT_THAT(refusal(R"({"w":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", "xxxx").message(),
               StartsWith("bad.safetensors: tensor \"w\": dtype is the integer 4, not a string"));
 }
 
 TEST(SafetensorsRule, EveryFormatDtypeHasItsSize) {
-  const std::pair<const char*, int> sizes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"I16", 2},     {"U16", 2},
-                                               {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4},     {"F32", 4},
-                                               {"F64", 8},  {"I64", 8},  {"U64", 8}, {"F8_E5M2", 1}, {"F8_E4M3", 1}};
+  const std::pair<const char*, int> sizes[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"I16", 2}, {"U16", 2}, {"F16", 2},     {"BF16", 2},   {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8}, {"F8_E5M2", 1}, {"F8_E4M3", 1}};
   for (auto [dtype, size] : sizes) {
     SCOPED_TRACE(dtype);
     const std::string buffer(3 * size, 'x');
-    EXPECT_TRUE(st::File::from_bytes("ok", file_bytes(object({entry("w", dtype, "[3]", 0, 3 * size)}), buffer)).ok());
+    EXPECT_TRUE(
+        st::File::from_bytes("ok", file_bytes(object({entry("w", dtype, "[3]", 0, 3 * size)}), buffer)).ok());
     EXPECT_THAT(refusal(object({entry("w", dtype, "[3]", 0, 3 * size + 1)}), buffer + "x").message(),
                 HasSubstr("dtype × shape must equal the byte span"));
   }
 }
 
 TEST(SafetensorsRule, NegativeShapeEntry) {
-  EXPECT_THAT(refusal(object({entry("w", "U8", "[2,-1]", 0, 0)}), "").message(),
-              StartsWith("bad.safetensors: tensor \"w\": shape entry 1 is the negative integer -1 (shape entries "
-                         "must be non-negative integers)"));
+  EXPECT_THAT(
+      refusal(object({entry("w", "U8", "[2,-1]", 0, 0)}), "").message(),
+      StartsWith("bad.safetensors: tensor \"w\": shape entry 1 is the negative integer -1 (shape entries "
+                 "must be non-negative integers)"));
 }
 
 TEST(SafetensorsRule, NonIntegerShapeEntry) {
@@ -418,8 +434,9 @@ TEST(SafetensorsRule, NonIntegerShapeEntry) {
               StartsWith("bad.safetensors: tensor \"w\": shape entry 0 is the non-integer number 2.5"));
   EXPECT_THAT(refusal(object({entry("w", "U8", "[\"2\"]", 0, 2)}), "xx").message(),
               StartsWith("bad.safetensors: tensor \"w\": shape entry 0 is a JSON string"));
-  EXPECT_THAT(refusal(object({entry("w", "U8", "9223372036854775808", 0, 2)}), "xx").message(),
-              StartsWith("bad.safetensors: tensor \"w\": shape is the integer 9223372036854775808, not an array"));
+  EXPECT_THAT(
+      refusal(object({entry("w", "U8", "9223372036854775808", 0, 2)}), "xx").message(),
+      StartsWith("bad.safetensors: tensor \"w\": shape is the integer 9223372036854775808, not an array"));
   EXPECT_THAT(refusal(object({entry("w", "U8", "[9223372036854775808]", 0, 2)}), "xx").message(),
               HasSubstr("shape entry 0 is the integer 9223372036854775808, above 9223372036854775807"));
 }
@@ -427,12 +444,16 @@ TEST(SafetensorsRule, NonIntegerShapeEntry) {
 TEST(SafetensorsRule, RankAboveTesseraLimitIsUnsupported) {
   Status s = refusal(object({entry("w", "U8", "[1,1,1,1,1,1,1]", 0, 1)}), "x");
   EXPECT_EQ(s.code(), Code::unsupported);
-  EXPECT_THAT(s.message(), StartsWith("bad.safetensors: tensor \"w\": shape has 7 dimensions; Tessera tensors have at most 6"));
+  EXPECT_THAT(
+      s.message(),
+      StartsWith("bad.safetensors: tensor \"w\": shape has 7 dimensions; Tessera tensors have at most 6"));
 }
 
 TEST(SafetensorsRule, DataOffsetsNotTwoIntegers) {
-  EXPECT_THAT(refusal(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}})", "x").message(),
-              StartsWith("bad.safetensors: tensor \"w\": data_offsets is an array of 3 entries, not an array [begin, end]"));
+  EXPECT_THAT(
+      refusal(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}})", "x").message(),
+      StartsWith(
+          "bad.safetensors: tensor \"w\": data_offsets is an array of 3 entries, not an array [begin, end]"));
   EXPECT_THAT(refusal(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[-1,0]}})", "x").message(),
               StartsWith("bad.safetensors: tensor \"w\": data_offsets entry 0 is the negative integer -1"));
 }
@@ -443,44 +464,59 @@ TEST(SafetensorsRule, BeginAfterEnd) {
 }
 
 TEST(SafetensorsRule, EndBeyondTheBuffer) {
-  EXPECT_THAT(refusal(object({entry("w", "F32", "[2]", 0, 8)}), "xxxx").message(),
-              StartsWith("bad.safetensors: tensor \"w\": data_offsets [0, 8] end beyond the 4-byte data buffer"));
+  EXPECT_THAT(
+      refusal(object({entry("w", "F32", "[2]", 0, 8)}), "xxxx").message(),
+      StartsWith("bad.safetensors: tensor \"w\": data_offsets [0, 8] end beyond the 4-byte data buffer"));
 }
 
 TEST(SafetensorsRule, DtypeTimesShapeDiffersFromTheSpan) {
-  EXPECT_EQ(refusal(object({entry("blocks.0.attn.w_q", "F32", "[3,5]", 0, 48)}), std::string(48, 'x')).message(),
-            "bad.safetensors: tensor \"blocks.0.attn.w_q\": data_offsets [0, 48] span 48 bytes but F32 shape (3, 5) "
-            "needs 60 (dtype × shape must equal the byte span)");
+  EXPECT_EQ(
+      refusal(object({entry("blocks.0.attn.w_q", "F32", "[3,5]", 0, 48)}), std::string(48, 'x')).message(),
+      "bad.safetensors: tensor \"blocks.0.attn.w_q\": data_offsets [0, 48] span 48 bytes but F32 shape (3, "
+      "5) "
+      "needs 60 (dtype × shape must equal the byte span)");
 }
 
 TEST(SafetensorsRule, ShapeProductOverflows) {
-  EXPECT_THAT(refusal(object({entry("w", "U8", "[4294967296,4294967296,16]", 0, 1)}), "x").message(),
-              StartsWith("bad.safetensors: tensor \"w\": shape [4294967296,4294967296,16] has more elements than fit"));
-  EXPECT_THAT(refusal(object({entry("w", "F64", "[2305843009213693952]", 0, 1)}), "x").message(),
-              StartsWith("bad.safetensors: tensor \"w\": F64 shape (2305843009213693952) needs more bytes than fit in 64"));
+  EXPECT_THAT(
+      refusal(object({entry("w", "U8", "[4294967296,4294967296,16]", 0, 1)}), "x").message(),
+      StartsWith(
+          "bad.safetensors: tensor \"w\": shape [4294967296,4294967296,16] has more elements than fit"));
+  EXPECT_THAT(
+      refusal(object({entry("w", "F64", "[2305843009213693952]", 0, 1)}), "x").message(),
+      StartsWith(
+          "bad.safetensors: tensor \"w\": F64 shape (2305843009213693952) needs more bytes than fit in 64"));
 }
 
 TEST(SafetensorsRule, OverlappingTensors) {
-  EXPECT_THAT(refusal(object({entry("a", "U8", "[4]", 0, 4), entry("b", "U8", "[4]", 2, 6)}), "xxxxxx").message(),
-              StartsWith("bad.safetensors: tensor \"b\": data_offsets [2, 6] overlap tensor \"a\" [0, 4]"));
+  EXPECT_THAT(
+      refusal(object({entry("a", "U8", "[4]", 0, 4), entry("b", "U8", "[4]", 2, 6)}), "xxxxxx").message(),
+      StartsWith("bad.safetensors: tensor \"b\": data_offsets [2, 6] overlap tensor \"a\" [0, 4]"));
 }
 
 TEST(SafetensorsRule, HoleBetweenTensors) {
-  EXPECT_THAT(refusal(object({entry("a", "U8", "[2]", 0, 2), entry("b", "U8", "[2]", 4, 6)}), "xxxxxx").message(),
-              StartsWith("bad.safetensors: bytes [2, 4) of the data buffer belong to no tensor (a hole before tensor \"b\""));
+  EXPECT_THAT(
+      refusal(object({entry("a", "U8", "[2]", 0, 2), entry("b", "U8", "[2]", 4, 6)}), "xxxxxx").message(),
+      StartsWith("bad.safetensors: bytes [2, 4) of the data buffer belong to no tensor (a hole before tensor "
+                 "\"b\""));
   EXPECT_THAT(refusal(object({entry("a", "U8", "[2]", 1, 3)}), "xxx").message(),
               StartsWith("bad.safetensors: bytes [0, 1) of the data buffer belong to no tensor"));
 }
 
 TEST(SafetensorsRule, TrailingBytesAfterTheLastTensor) {
-  EXPECT_THAT(refusal(object({entry("a", "U8", "[2]", 0, 2)}), "xxxxx").message(),
-              StartsWith("bad.safetensors: the data buffer has 3 bytes after the last tensor, which ends at 2"));
-  EXPECT_THAT(refusal("{}", "x").message(), StartsWith("bad.safetensors: the data buffer has 1 bytes after the last tensor"));
+  EXPECT_THAT(
+      refusal(object({entry("a", "U8", "[2]", 0, 2)}), "xxxxx").message(),
+      StartsWith("bad.safetensors: the data buffer has 3 bytes after the last tensor, which ends at 2"));
+  EXPECT_THAT(refusal("{}", "x").message(),
+              StartsWith("bad.safetensors: the data buffer has 1 bytes after the last tensor"));
 }
 
 TEST(SafetensorsRule, MetadataNotStringToString) {
-  EXPECT_THAT(refusal(R"({"__metadata__":["a"]})", "").message(),
-              StartsWith("bad.safetensors: __metadata__ is a JSON array but must be an object mapping strings to strings"));
-  EXPECT_THAT(refusal(R"({"__metadata__":{"epoch":3}})", "").message(),
-              StartsWith("bad.safetensors: __metadata__ value for \"epoch\" is the integer 3 but must be a string"));
+  EXPECT_THAT(
+      refusal(R"({"__metadata__":["a"]})", "").message(),
+      StartsWith(
+          "bad.safetensors: __metadata__ is a JSON array but must be an object mapping strings to strings"));
+  EXPECT_THAT(
+      refusal(R"({"__metadata__":{"epoch":3}})", "").message(),
+      StartsWith("bad.safetensors: __metadata__ value for \"epoch\" is the integer 3 but must be a string"));
 }

@@ -47,8 +47,8 @@ Result<std::pair<std::string, int>> create_temp_beside(const std::string& path) 
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   for (int attempt = 0;; ++attempt) {
-    std::string tmp = dir + "." + base + ".tmp." + std::to_string(::getpid()) + "." +
-                      std::to_string(counter.fetch_add(1));
+    std::string tmp =
+        dir + "." + base + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) return std::make_pair(std::move(tmp), fd);
     if (errno != EEXIST || attempt == 100)
@@ -101,7 +101,8 @@ Status write_file_atomic(const std::string& path, std::string_view bytes) {
   if (int err = write_all(f.fd, bytes)) return fail("cannot write", err);
   if (::fsync(f.fd) != 0) return fail("cannot fsync", errno);
   if (::close(f.release()) != 0) return fail("cannot close", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename the temporary file over it", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    return fail("cannot rename the temporary file over it", errno);
 
   // The rename is durable only once the directory entry is on disk.
   const std::string dir = parent_dir(path);
@@ -123,7 +124,8 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   m->size_ = static_cast<size_t>(st.st_size);
   if (m->size_ == 0) return m;
   void* p = ::mmap(nullptr, m->size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
-  if (p == MAP_FAILED) return os_error(path, "cannot memory-map " + std::to_string(m->size_) + " bytes", errno);
+  if (p == MAP_FAILED)
+    return os_error(path, "cannot memory-map " + std::to_string(m->size_) + " bytes", errno);
   m->data_ = static_cast<const uint8_t*>(p);
   return m;
 }

@@ -67,9 +67,13 @@ class HeaderParser {
       const size_t key_at = pos_;
       TSR_ASSIGN_OR_RETURN(std::string key, string_literal("a key"));
       TSR_RETURN_IF_ERROR(expect(':', "':' after the key '" + key + "'"));
-      bool* seen = key == "descr" ? &seen_descr : key == "fortran_order" ? &seen_fortran
-                 : key == "shape" ? &seen_shape : nullptr;
-      if (seen == nullptr) return fail_at(key_at, "unexpected key '" + key + "' (a .npy header has exactly 'descr', 'fortran_order' and 'shape')");
+      bool* seen = key == "descr"           ? &seen_descr
+                   : key == "fortran_order" ? &seen_fortran
+                   : key == "shape"         ? &seen_shape
+                                            : nullptr;
+      if (seen == nullptr)
+        return fail_at(key_at, "unexpected key '" + key +
+                                   "' (a .npy header has exactly 'descr', 'fortran_order' and 'shape')");
       if (*seen) return fail_at(key_at, "key '" + key + "' appears twice");
       *seen = true;
       if (key == "descr") {
@@ -89,7 +93,8 @@ class HeaderParser {
     const size_t close_at = pos_++;
     skip_space();
     if (pos_ != text_.size()) return fail_at(pos_, "unexpected text after the header dict's closing '}'");
-    for (auto [seen, key] : {std::pair{seen_descr, "descr"}, {seen_fortran, "fortran_order"}, {seen_shape, "shape"}})
+    for (auto [seen, key] :
+         {std::pair{seen_descr, "descr"}, {seen_fortran, "fortran_order"}, {seen_shape, "shape"}})
       if (!seen) return fail_at(close_at, std::string("missing key '") + key + "'");
     return h;
   }
@@ -101,7 +106,8 @@ class HeaderParser {
   }
   char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
   void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
       ++pos_;
   }
   Status expect(char c, const std::string& what) {
@@ -118,7 +124,8 @@ class HeaderParser {
     if (quote != '\'' && quote != '"') return fail_at(pos_, "expected " + what + " in quotes");
     const size_t start = ++pos_;
     while (pos_ < text_.size() && text_[pos_] != quote) {
-      if (text_[pos_] == '\\' || static_cast<unsigned char>(text_[pos_]) < 0x20 || static_cast<unsigned char>(text_[pos_]) > 0x7e)
+      if (text_[pos_] == '\\' || static_cast<unsigned char>(text_[pos_]) < 0x20 ||
+          static_cast<unsigned char>(text_[pos_]) > 0x7e)
         return fail_at(pos_, "unexpected character in " + what + " (only plain ASCII is expected)");
       ++pos_;
     }
@@ -156,8 +163,10 @@ class HeaderParser {
       dims.push_back(v);
       skip_space();
       trailing_comma = peek() == ',';
-      if (trailing_comma) ++pos_;
-      else if (peek() != ')') return fail_at(pos_, "expected ',' or ')' in the 'shape' tuple");
+      if (trailing_comma)
+        ++pos_;
+      else if (peek() != ')')
+        return fail_at(pos_, "expected ',' or ')' in the 'shape' tuple");
     }
     if (dims.size() == 1 && !trailing_comma)
       return fail_at(pos_, "'shape' is a parenthesised integer, not a tuple (a 1-tuple is written (n,))");
@@ -211,13 +220,14 @@ Status save(const std::string& path, const Tensor& t) {
 Result<Tensor> parse(const std::string& label, const std::string& bytes) {
   auto fail = [&](const std::string& what) { return Status::ParseError(label + ": " + what); };
   if (bytes.size() < kMagicLen + 4)
-    return fail("file is " + std::to_string(bytes.size()) + " bytes, too short for a .npy preamble (truncated or not .npy)");
+    return fail("file is " + std::to_string(bytes.size()) +
+                " bytes, too short for a .npy preamble (truncated or not .npy)");
   if (bytes.compare(0, kMagicLen, kMagic, kMagicLen) != 0)
     return fail("bytes 0-5 are not the .npy magic \\x93NUMPY (not a .npy file)");
   const int major = static_cast<uint8_t>(bytes[6]), minor = static_cast<uint8_t>(bytes[7]);
   if (major < 1 || major > 3 || minor != 0)
-    return Status::Unsupported(label + ": .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
-                               " (this reader knows 1.0, 2.0 and 3.0)");
+    return Status::Unsupported(label + ": .npy format version " + std::to_string(major) + "." +
+                               std::to_string(minor) + " (this reader knows 1.0, 2.0 and 3.0)");
   size_t header_len = 0, header_at = 0;
   if (major == 1) {
     uint16_t n;
@@ -226,30 +236,34 @@ Result<Tensor> parse(const std::string& label, const std::string& bytes) {
     header_at = 10;
   } else {
     uint32_t n;
-    if (bytes.size() < 12) return fail("file is " + std::to_string(bytes.size()) + " bytes, too short for a version " +
-                                       std::to_string(major) + ".0 preamble (truncated)");
+    if (bytes.size() < 12)
+      return fail("file is " + std::to_string(bytes.size()) + " bytes, too short for a version " +
+                  std::to_string(major) + ".0 preamble (truncated)");
     std::memcpy(&n, bytes.data() + 8, 4);
     header_len = n;
     header_at = 12;
   }
   if (header_len > kMaxHeaderBytes)
-    return fail("header length " + std::to_string(header_len) + " exceeds the " + std::to_string(kMaxHeaderBytes) +
-                "-byte limit (NumPy's own bound; the file is corrupt)");
+    return fail("header length " + std::to_string(header_len) + " exceeds the " +
+                std::to_string(kMaxHeaderBytes) + "-byte limit (NumPy's own bound; the file is corrupt)");
   if (header_len > bytes.size() - header_at)
     return fail("header length " + std::to_string(header_len) + " runs past the end of the " +
                 std::to_string(bytes.size()) + "-byte file (truncated)");
-  TSR_ASSIGN_OR_RETURN(Header h,
-                       HeaderParser(label, std::string_view(bytes).substr(header_at, header_len), header_at).parse());
+  TSR_ASSIGN_OR_RETURN(
+      Header h,
+      HeaderParser(label, std::string_view(bytes).substr(header_at, header_len), header_at).parse());
 
   const Descr* descr = nullptr;
   for (const Descr& d : kDescrs)
     if (h.descr == d.text) descr = &d;
   if (descr == nullptr)
-    return Status::Unsupported(label + ": 'descr' is '" + h.descr +
-                               "', which Tessera does not read (supported: <f4 <f2 <f8 <i4 <i8 |u1 |b1, little-endian; "
-                               "convert with a.astype('<f4') before saving)");
+    return Status::Unsupported(
+        label + ": 'descr' is '" + h.descr +
+        "', which Tessera does not read (supported: <f4 <f2 <f8 <i4 <i8 |u1 |b1, little-endian; "
+        "convert with a.astype('<f4') before saving)");
   if (h.fortran_order)
-    return Status::Unsupported(label + ": 'fortran_order' is True (column-major data is not read; save "
+    return Status::Unsupported(label +
+                               ": 'fortran_order' is True (column-major data is not read; save "
                                "np.ascontiguousarray(a) instead)");
   if (h.shape.size() > static_cast<size_t>(kMaxRank))
     return Status::Unsupported(label + ": 'shape' has " + std::to_string(h.shape.size()) +
@@ -268,8 +282,9 @@ Result<Tensor> parse(const std::string& label, const std::string& bytes) {
   const Shape shape(h.shape);
   const size_t data_at = header_at + header_len, have = bytes.size() - data_at;
   if (have != nbytes)
-    return fail("data is " + std::to_string(have) + " bytes after the header (at byte " + std::to_string(data_at) +
-                ") but " + h.descr + " shape " + shape.str() + " needs " + std::to_string(nbytes) +
+    return fail("data is " + std::to_string(have) + " bytes after the header (at byte " +
+                std::to_string(data_at) + ") but " + h.descr + " shape " + shape.str() + " needs " +
+                std::to_string(nbytes) +
                 (have < nbytes ? " (the file is truncated)" : " (the file has trailing bytes)"));
 
   Tensor t = Tensor::empty(shape, descr->dtype);

@@ -28,11 +28,11 @@ struct DTypeSpec {
 
 // Every dtype the format defines (BOOL is stored one byte per element).
 constexpr DTypeSpec kDTypes[] = {
-    {"BOOL", 1, DType::u8},      {"U8", 1, DType::u8},       {"I8", 1, std::nullopt},
-    {"I16", 2, std::nullopt},    {"U16", 2, std::nullopt},   {"F16", 2, DType::f16},
-    {"BF16", 2, DType::bf16},    {"I32", 4, DType::i32},     {"U32", 4, std::nullopt},
-    {"F32", 4, DType::f32},      {"F64", 8, std::nullopt},   {"I64", 8, DType::i64},
-    {"U64", 8, std::nullopt},    {"F8_E5M2", 1, std::nullopt}, {"F8_E4M3", 1, std::nullopt},
+    {"BOOL", 1, DType::u8},   {"U8", 1, DType::u8},         {"I8", 1, std::nullopt},
+    {"I16", 2, std::nullopt}, {"U16", 2, std::nullopt},     {"F16", 2, DType::f16},
+    {"BF16", 2, DType::bf16}, {"I32", 4, DType::i32},       {"U32", 4, std::nullopt},
+    {"F32", 4, DType::f32},   {"F64", 8, std::nullopt},     {"I64", 8, DType::i64},
+    {"U64", 8, std::nullopt}, {"F8_E5M2", 1, std::nullopt}, {"F8_E4M3", 1, std::nullopt},
 };
 
 const DTypeSpec* find_dtype(const std::string& name) {
@@ -82,7 +82,8 @@ std::optional<std::string> read_uint(const json& v, uint64_t max, uint64_t* out)
 
 class Parser {
  public:
-  Parser(std::string label, const uint8_t* data, size_t size) : label_(std::move(label)), data_(data), size_(size) {}
+  Parser(std::string label, const uint8_t* data, size_t size)
+      : label_(std::move(label)), data_(data), size_(size) {}
 
   // Fills the outputs or returns the first rule broken.
   Status parse(const uint8_t** buffer, std::vector<TensorInfo>* tensors,
@@ -97,14 +98,16 @@ class Parser {
                   "-byte limit (file is truncated or not safetensors)");
     if (n > size_ - 8)
       return fail("header length " + std::to_string(n) + " runs past the end of the file, which has " +
-                  std::to_string(size_ - 8) + " bytes after the length (file is truncated or not safetensors)");
+                  std::to_string(size_ - 8) +
+                  " bytes after the length (file is truncated or not safetensors)");
     const std::string_view text(reinterpret_cast<const char*>(data_) + 8, n);
     TSR_ASSIGN_OR_RETURN(json header, parse_json(text));
     if (!header.is_object())
       return fail("header is " + describe(header) + ", not a JSON object (not a safetensors file)");
     if (text.front() != '{')
-      return fail("header must start with '{' at byte 8, but starts with whitespace (rewrite the file with a "
-                  "conforming writer)");
+      return fail(
+          "header must start with '{' at byte 8, but starts with whitespace (rewrite the file with a "
+          "conforming writer)");
 
     *buffer = data_ + 8 + n;
     buffer_size_ = size_ - 8 - n;
@@ -182,26 +185,29 @@ class Parser {
     const char* fields = " (an entry has exactly dtype, shape and data_offsets)";
     if (!entry.is_object()) return fail(name, "entry is " + describe(entry) + ", not an object" + fields);
     for (auto& [k, v] : entry.items())
-      if (k != "dtype" && k != "shape" && k != "data_offsets") return fail(name, "unexpected field " + in_quotes(k) + fields);
+      if (k != "dtype" && k != "shape" && k != "data_offsets")
+        return fail(name, "unexpected field " + in_quotes(k) + fields);
     for (const char* k : {"dtype", "shape", "data_offsets"})
       if (!entry.contains(k)) return fail(name, std::string("missing field \"") + k + "\"" + fields);
 
     const json& dtype = entry["dtype"];
-    if (!dtype.is_string()) return fail(name, "dtype is " + describe(dtype) + ", not a string such as \"F32\"");
+    if (!dtype.is_string())
+      return fail(name, "dtype is " + describe(dtype) + ", not a string such as \"F32\"");
     info->dtype_name = dtype.get<std::string>();
     const DTypeSpec* spec = find_dtype(info->dtype_name);
     if (spec == nullptr) {
       std::string known;
       for (const DTypeSpec& d : kDTypes) known += std::string(known.empty() ? "" : ", ") + d.name;
-      return fail(name, "unknown dtype " + in_quotes(info->dtype_name) + " (the format defines " + known + ")");
+      return fail(name,
+                  "unknown dtype " + in_quotes(info->dtype_name) + " (the format defines " + known + ")");
     }
 
     const json& shape = entry["shape"];
     if (!shape.is_array()) return fail(name, "shape is " + describe(shape) + ", not an array of integers");
     if (shape.size() > static_cast<size_t>(kMaxRank))
-      return Status::Unsupported(label_ + ": tensor " + in_quotes(name) + ": shape has " + std::to_string(shape.size()) +
-                                 " dimensions; Tessera tensors have at most " + std::to_string(kMaxRank) +
-                                 " (reshape it before saving)");
+      return Status::Unsupported(label_ + ": tensor " + in_quotes(name) + ": shape has " +
+                                 std::to_string(shape.size()) + " dimensions; Tessera tensors have at most " +
+                                 std::to_string(kMaxRank) + " (reshape it before saving)");
     std::vector<int64_t> dims;
     int64_t nonzero_product = 1;  // kept within int64 so that strides never overflow
     bool has_zero = false;
@@ -209,11 +215,12 @@ class Parser {
       uint64_t d;
       if (auto why = read_uint(shape[i], std::numeric_limits<int64_t>::max(), &d))
         return fail(name, "shape entry " + std::to_string(i) + " is " + *why +
-                          " (shape entries must be non-negative integers)");
+                              " (shape entries must be non-negative integers)");
       dims.push_back(static_cast<int64_t>(d));
       has_zero |= d == 0;
       if (d != 0 && __builtin_mul_overflow(nonzero_product, static_cast<int64_t>(d), &nonzero_product))
-        return fail(name, "shape " + shape.dump() + " has more elements than fit in 63 bits (the shape is corrupt)");
+        return fail(
+            name, "shape " + shape.dump() + " has more elements than fit in 63 bits (the shape is corrupt)");
     }
     info->shape = Shape(dims);
     const uint64_t numel = has_zero ? 0 : static_cast<uint64_t>(nonzero_product);
@@ -228,22 +235,22 @@ class Parser {
       uint64_t v;
       if (auto why = read_uint(offsets[i], std::numeric_limits<uint64_t>::max(), &v))
         return fail(name, "data_offsets entry " + std::to_string(i) + " is " + *why +
-                          " (offsets are non-negative integers)");
+                              " (offsets are non-negative integers)");
       (i == 0 ? info->begin : info->end) = v;
     }
     const std::string span = "data_offsets " + offsets_str(info->begin, info->end);
     if (info->begin > info->end) return fail(name, span + " has begin > end (offsets are [begin, end))");
     if (info->end > buffer_size_)
       return fail(name, span + " end beyond the " + std::to_string(buffer_size_) +
-                        "-byte data buffer (file is truncated or the offsets are wrong)");
+                            "-byte data buffer (file is truncated or the offsets are wrong)");
     uint64_t nbytes;
     if (__builtin_mul_overflow(numel, spec->size, &nbytes))
       return fail(name, info->dtype_name + " shape " + info->shape.str() +
-                        " needs more bytes than fit in 64 bits (the shape is corrupt)");
+                            " needs more bytes than fit in 64 bits (the shape is corrupt)");
     if (nbytes != info->end - info->begin)
-      return fail(name, span + " span " + std::to_string(info->end - info->begin) + " bytes but " + info->dtype_name +
-                        " shape " + info->shape.str() + " needs " + std::to_string(nbytes) +
-                        " (dtype × shape must equal the byte span)");
+      return fail(name, span + " span " + std::to_string(info->end - info->begin) + " bytes but " +
+                            info->dtype_name + " shape " + info->shape.str() + " needs " +
+                            std::to_string(nbytes) + " (dtype × shape must equal the byte span)");
     return Status::Ok();
   }
 
@@ -253,8 +260,9 @@ class Parser {
     const TensorInfo* prev = nullptr;
     for (const TensorInfo& t : tensors) {
       if (t.begin < covered)
-        return fail(t.name, "data_offsets " + offsets_str(t.begin, t.end) + " overlap tensor " + in_quotes(prev->name) +
-                            " " + offsets_str(prev->begin, prev->end) + " (tensors must not share bytes)");
+        return fail(t.name, "data_offsets " + offsets_str(t.begin, t.end) + " overlap tensor " +
+                                in_quotes(prev->name) + " " + offsets_str(prev->begin, prev->end) +
+                                " (tensors must not share bytes)");
       if (t.begin > covered)
         return fail("bytes [" + std::to_string(covered) + ", " + std::to_string(t.begin) +
                     ") of the data buffer belong to no tensor (a hole before tensor " + in_quotes(t.name) +
@@ -310,11 +318,13 @@ Result<Tensor> File::get(const std::string& name) const {
                             std::to_string(tensors_.size()) + " tensors; list them with `tensors()`)");
   const DTypeSpec* spec = find_dtype(info->dtype_name);
   if (!spec->tessera)
-    return Status::Unsupported(path_ + ": tensor " + in_quotes(name) + " has dtype " + info->dtype_name +
-                               ", which Tessera does not load (supported: F32, BF16, F16, I32, I64, U8, BOOL; "
-                               "convert the checkpoint to one of them)");
+    return Status::Unsupported(
+        path_ + ": tensor " + in_quotes(name) + " has dtype " + info->dtype_name +
+        ", which Tessera does not load (supported: F32, BF16, F16, I32, I64, U8, BOOL; "
+        "convert the checkpoint to one of them)");
   void* p = const_cast<uint8_t*>(buffer_ + info->begin);
-  if (reinterpret_cast<uintptr_t>(p) % spec->size == 0) return Tensor::wrap(p, info->shape, *spec->tessera, owner_);
+  if (reinterpret_cast<uintptr_t>(p) % spec->size == 0)
+    return Tensor::wrap(p, info->shape, *spec->tessera, owner_);
   // Offsets need not be aligned; typed loads must be, so a misaligned tensor is copied.
   Tensor t = Tensor::empty(info->shape, *spec->tessera);
   std::memcpy(t.raw_data(), p, info->end - info->begin);
@@ -324,7 +334,8 @@ Result<Tensor> File::get(const std::string& name) const {
 namespace {
 
 // serialize(), with `label` (the path, or "safetensors") opening each message.
-Result<std::string> serialize_as(const std::string& label, const std::vector<std::pair<std::string, Tensor>>& tensors,
+Result<std::string> serialize_as(const std::string& label,
+                                 const std::vector<std::pair<std::string, Tensor>>& tensors,
                                  const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -333,23 +344,28 @@ Result<std::string> serialize_as(const std::string& label, const std::vector<std
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     const std::string where = label + ": tensor " + in_quotes(name);
-    if (name.empty()) return Status::Invalid(label + ": a tensor has an empty name (give every tensor a name)");
+    if (name.empty())
+      return Status::Invalid(label + ": a tensor has an empty name (give every tensor a name)");
     if (name == "__metadata__")
       return Status::Invalid(where + ": the name is reserved for the metadata map (rename the tensor)");
-    if (!names.insert(name).second) return Status::Invalid(where + ": the name appears twice (names must be unique)");
+    if (!names.insert(name).second)
+      return Status::Invalid(where + ": the name appears twice (names must be unique)");
     if (!t.defined()) return Status::Invalid(where + ": the tensor is undefined (a default Tensor())");
     contiguous.push_back(t.contiguous());
     const uint64_t end = offset + t.nbytes();
-    header[name] = {{"dtype", file_dtype_name(t.dtype())}, {"shape", t.shape().vec()}, {"data_offsets", {offset, end}}};
+    header[name] = {
+        {"dtype", file_dtype_name(t.dtype())}, {"shape", t.shape().vec()}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   std::string text;
   try {
     text = header.dump();
   } catch (const nlohmann::ordered_json::type_error&) {
-    return Status::Invalid(label + ": a tensor name or metadata string is not valid UTF-8 (the header is JSON text)");
+    return Status::Invalid(label +
+                           ": a tensor name or metadata string is not valid UTF-8 (the header is JSON text)");
   }
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned, as the reference writer does
+  text.append((8 - text.size() % 8) % 8,
+              ' ');  // the data starts 8-byte aligned, as the reference writer does
   const uint64_t n = text.size();
   std::string out(8, '\0');
   std::memcpy(out.data(), &n, 8);
