@@ -20,6 +20,7 @@
 //   - the tensors, sorted by offset, cover the buffer exactly: no overlap, no hole, nothing
 //     after the last tensor;
 //   - __metadata__, if present, maps strings to strings.
+//   - a shape has at most kMaxRank (6) dimensions: a deeper one is `unsupported`, not malformed.
 // Thread-safety: a File is immutable after open() and may be shared.
 #pragma once
 
@@ -57,7 +58,9 @@ class File {
   const TensorInfo* find(const std::string& name) const;
 
   // Zero-copy view for F32, BF16, F16, I32, I64, U8 and BOOL (as u8); other dtypes give an
-  // `unsupported` status naming the tensor and its dtype.
+  // `unsupported` status naming the tensor and its dtype. The view is read-only: the mapping is
+  // PROT_READ, so writing through it faults (clone() first). Offsets need not be aligned; a
+  // tensor whose data is not aligned to its element size comes back as an aligned copy.
   Result<Tensor> get(const std::string& name) const;
 
  private:
@@ -70,7 +73,10 @@ class File {
 };
 
 // Write tensors (any dtype in DType, any strides: written contiguous) in the given order,
-// atomically. Names must be unique and non-empty; "__metadata__" is reserved.
+// atomically. Names must be unique and non-empty; "__metadata__" is reserved. The header is
+// compact JSON ("__metadata__" first, if any), space-padded so the data starts 8-byte aligned,
+// as the reference writer does. u8 is written as U8 (a BOOL read back is written as U8). Order
+// tensors by element size, largest first, to keep every tensor's data aligned.
 Status write(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
              const std::map<std::string, std::string>& metadata = {});
 
