@@ -17,12 +17,12 @@ namespace {
 
 const std::string kExamples = std::string(TESSERA_SOURCE_DIR) + "/configs/examples/";
 
-struct Run {
+struct ExampleRun {
   Experiment exp;
   Outputs out;
 };
 
-Run run_example(const std::string& name, std::vector<std::string> overrides = {}) {
+ExampleRun run_example(const std::string& name, std::vector<std::string> overrides = {}) {
   Diagnostics d;
   LoadOptions opt;
   opt.overrides = std::move(overrides);
@@ -34,7 +34,7 @@ Run run_example(const std::string& name, std::vector<std::string> overrides = {}
   if (!m.ok()) return {};
   ForwardOptions fo;
   fo.capture = {"*"};
-  Run r{*e, {}};
+  ExampleRun r{*e, {}};
   const Batch b = e->input.ids.empty() ? Batch::from_rows(e->input.rows) : Batch::from_ids(e->input.ids);
   Status st = m->forward(b, fo, &r.out);
   EXPECT_TRUE(st.ok()) << st.message();
@@ -48,7 +48,7 @@ double rounded(double v, int digits) {
 }
 
 // Row `row` of head `h` of a captured (1, H, T, D) tensor, item 0.
-std::vector<float> head_row(const Run& r, const std::string& name, int64_t h, int64_t row) {
+std::vector<float> head_row(const ExampleRun& r, const std::string& name, int64_t h, int64_t row) {
   return r.out.captured.at(name).select(0, 0).select(0, h).select(0, row).to_vector();
 }
 
@@ -63,7 +63,7 @@ const double kLn2 = std::log(2.0);
 }  // namespace
 
 TEST(Seeds, RedBallRollsProjections) {
-  const Run r = run_example("red_ball_rolls.yaml");
+  const ExampleRun r = run_example("red_ball_rolls.yaml");
   // q, k, v of red, ball, rolls.
   const double q[3] = {0, 0, 1}, k[3] = {0, kLn2, 0};
   const double v[3][2] = {{1, 0}, {0, 2}, {1, 1}};
@@ -75,7 +75,7 @@ TEST(Seeds, RedBallRollsProjections) {
 }
 
 TEST(Seeds, RedBallRollsScoresMaskAndWeights) {
-  const Run r = run_example("red_ball_rolls.yaml");
+  const ExampleRun r = run_example("red_ball_rolls.yaml");
   // Scores s_ij = q_i k_j (d_k = 1, so the scale is 1): only the rolls query is non-zero.
   expect_row(head_row(r, "blocks.0.attn.scores", 0, 0), {0, 0, 0}, kExact, "scores red");
   expect_row(head_row(r, "blocks.0.attn.scores", 0, 1), {0, 0, 0}, kExact, "scores ball");
@@ -93,7 +93,7 @@ TEST(Seeds, RedBallRollsScoresMaskAndWeights) {
 }
 
 TEST(Seeds, RedBallRollsOutputAndArgmaxAlternative) {
-  const Run r = run_example("red_ball_rolls.yaml");
+  const ExampleRun r = run_example("red_ball_rolls.yaml");
   expect_row(r.out.hidden.select(0, 0).select(0, 2).to_vector(), {0.5, 1.25}, kExact, "output rolls");
   expect_row(head_row(r, "blocks.0.attn.heads", 0, 2), {0.5, 1.25}, kExact, "head output rolls");
   // Keeping only the value with the largest score (ball) would give (0, 2).
@@ -104,12 +104,12 @@ TEST(Seeds, RedBallRollsOutputAndArgmaxAlternative) {
 }
 
 TEST(Seeds, ScalingBySqrtDk) {
-  const Run raw = run_example("scaling.yaml", {"model.attention.scale=1"});
+  const ExampleRun raw = run_example("scaling.yaml", {"model.attention.scale=1"});
   expect_row(head_row(raw, "blocks.0.attn.scores", 0, 0), {4, 2}, kExact, "raw scores");
   const std::vector<float> w_raw = head_row(raw, "blocks.0.attn.weights", 0, 0);
   EXPECT_EQ(rounded(w_raw[0], 3), 0.881);
   EXPECT_EQ(rounded(w_raw[1], 3), 0.119);
-  const Run scaled = run_example("scaling.yaml");
+  const ExampleRun scaled = run_example("scaling.yaml");
   EXPECT_DOUBLE_EQ(scaled.exp.model.attention.scale, 0.5);  // 1 / sqrt(4)
   expect_row(head_row(scaled, "blocks.0.attn.scores", 0, 0), {2, 1}, kExact, "scaled scores");
   const std::vector<float> w = head_row(scaled, "blocks.0.attn.weights", 0, 0);
@@ -118,7 +118,7 @@ TEST(Seeds, ScalingBySqrtDk) {
 }
 
 TEST(Seeds, TwoHeadsConcatenationOutputProjectionResidual) {
-  const Run r = run_example("two_heads.yaml");
+  const ExampleRun r = run_example("two_heads.yaml");
   expect_row(head_row(r, "blocks.0.attn.weights", 0, 2), {0.25, 0.5, 0.25}, kExact, "head 0 weights");
   expect_row(head_row(r, "blocks.0.attn.weights", 1, 2), {0.5, 0.25, 0.25}, kExact, "head 1 weights");
   expect_row(head_row(r, "blocks.0.attn.heads", 0, 2), {0.5, 1.25}, kExact, "head 0 output");
@@ -131,7 +131,7 @@ TEST(Seeds, TwoHeadsConcatenationOutputProjectionResidual) {
 }
 
 TEST(Seeds, CraneLake) {
-  const Run r = run_example("crane_lake.yaml");
+  const ExampleRun r = run_example("crane_lake.yaml");
   const std::vector<float> w = head_row(r, "blocks.0.attn.weights", 0, 0);
   const double want_w[] = {0.298, 0.203, 0.206, 0.293};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(rounded(w[static_cast<size_t>(i)], 3), want_w[i]) << i;
@@ -144,7 +144,7 @@ TEST(Seeds, CraneLake) {
 }
 
 TEST(Seeds, ExerciseShapes) {
-  const Run r = run_example("exercise_n5.yaml");
+  const ExampleRun r = run_example("exercise_n5.yaml");
   EXPECT_EQ(r.out.captured.at("blocks.0.attn.scores").shape(), Shape({1, 1, 5, 5}));
   EXPECT_EQ(r.out.hidden.shape(), Shape({1, 5, 3}));
   EXPECT_EQ(make_plan(r.exp.model, 5).score_entries_per_head, 25);
@@ -157,7 +157,7 @@ TEST(Seeds, ExerciseShapes) {
 
 TEST(Seeds, TransformerLayerIsPostLN) {
   // U = MultiHead(X); R = LayerNorm(X + U); F = FFN(R); Y = LayerNorm(R + F)
-  const Run r = run_example("transformer_layer.yaml");
+  const ExampleRun r = run_example("transformer_layer.yaml");
   const auto& cap = r.out.captured;
   EXPECT_EQ(r.exp.model.norm, NormPlacement::post);
   const std::vector<float> xu = cap.at("blocks.0.attn.residual").select(0, 0).select(0, 2).to_vector();
@@ -171,8 +171,8 @@ TEST(Seeds, TransformerLayerIsPostLN) {
 
 TEST(Seeds, WordOrderNeedsPositions) {
   // "the owl saw the cat" vs "the cat saw the owl": same rows, swapped, without positions.
-  const Run a = run_example("word_order.yaml");
-  const Run b = run_example("word_order.yaml", {"input.ids=[1, 4, 3, 1, 2]", "input.tokens=[the, cat, saw, the, owl]"});
+  const ExampleRun a = run_example("word_order.yaml");
+  const ExampleRun b = run_example("word_order.yaml", {"input.ids=[1, 4, 3, 1, 2]", "input.tokens=[the, cat, saw, the, owl]"});
   const Tensor ha = a.out.hidden.select(0, 0), hb = b.out.hidden.select(0, 0);
   const int perm[5] = {0, 4, 2, 3, 1};
   for (int i = 0; i < 5; ++i) expect_row(hb.select(0, i).to_vector(), [&] {
@@ -180,8 +180,8 @@ TEST(Seeds, WordOrderNeedsPositions) {
       for (float f : ha.select(0, perm[i]).to_vector()) v.push_back(f);
       return v;
     }(), 1e-5, "permuted row");
-  const Run ap = run_example("word_order.yaml", {"model.positions.kind=sinusoidal"});
-  const Run bp = run_example("word_order.yaml", {"model.positions.kind=sinusoidal", "input.ids=[1, 4, 3, 1, 2]",
+  const ExampleRun ap = run_example("word_order.yaml", {"model.positions.kind=sinusoidal"});
+  const ExampleRun bp = run_example("word_order.yaml", {"model.positions.kind=sinusoidal", "input.ids=[1, 4, 3, 1, 2]",
                                                  "input.tokens=[the, cat, saw, the, owl]"});
   float diff = 0;
   const auto owl_a = ap.out.hidden.select(0, 0).select(0, 1).to_vector();
