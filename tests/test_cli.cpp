@@ -21,7 +21,7 @@ struct Ran {
   std::string err;  // stderr
 };
 
-Ran tessera(const std::string& args) {
+Ran run_cli(const std::string& args) {
   const std::string err_file = ::testing::TempDir() + "tessera_cli_stderr.txt";
   const std::string cmd = "cd " + kSrc + " && " + kTessera + " " + args + " 2>" + err_file;
   Ran r;
@@ -42,7 +42,7 @@ bool has(const std::string& text, const std::string& what) { return text.find(wh
 }  // namespace
 
 TEST(Cli, ExplainRedBallRollsShowsTheLectureTables) {
-  const Ran r = tessera("explain configs/examples/red_ball_rolls.yaml --fractions");
+  const Ran r = run_cli("explain configs/examples/red_ball_rolls.yaml --fractions");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "layer 0, head 0 of 1  (n = 3, d_model = 3, d_k = 1, d_v = 2; causal; scale = 1)")) << r.out;
   // Q, K, V of rolls; weights rows; the output; the step-by-step row.
@@ -54,30 +54,30 @@ TEST(Cli, ExplainRedBallRollsShowsTheLectureTables) {
   EXPECT_TRUE(has(r.out, "permitted exp(scores): (1, 2, 1); total 4")) << r.out;
   EXPECT_TRUE(has(r.out, "output for rolls: (1/2, 5/4)")) << r.out;
   EXPECT_TRUE(has(r.out, "argmax alternative: keep only the highest-scoring value (ball): (0, 2)")) << r.out;
-  const Ran d = tessera("explain configs/examples/red_ball_rolls.yaml");
+  const Ran d = run_cli("explain configs/examples/red_ball_rolls.yaml");
   EXPECT_TRUE(has(d.out, "output for rolls: (0.5, 1.25)")) << d.out;
   EXPECT_TRUE(has(d.out, "0.693")) << d.out;  // ln 2 in K
 }
 
 TEST(Cli, ExplainScalingTwoHeadsAndCraneLake) {
-  Ran r = tessera("explain configs/examples/scaling.yaml --row 0");
+  Ran r = run_cli("explain configs/examples/scaling.yaml --row 0");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "key1   0.731  0.269")) << r.out;
-  r = tessera("explain configs/examples/scaling.yaml --row 0 --set model.attention.scale=1");
+  r = run_cli("explain configs/examples/scaling.yaml --row 0 --set model.attention.scale=1");
   EXPECT_TRUE(has(r.out, "key1   0.881  0.119")) << r.out;
-  r = tessera("explain configs/examples/two_heads.yaml --head 1 --fractions");
+  r = run_cli("explain configs/examples/two_heads.yaml --head 1 --fractions");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "rolls  1/2      1/4      1/4")) << r.out;
   EXPECT_TRUE(has(r.out, "concat: (1/2, 5/4, 3/4, 3/4)")) << r.out;
   EXPECT_TRUE(has(r.out, "x + concat W_O + b_O (residual): (1/2, 5/4, 5/2)")) << r.out;
-  r = tessera("explain configs/examples/crane_lake.yaml --row 0");
+  r = run_cli("explain configs/examples/crane_lake.yaml --row 0");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "crane  0.298  0.203  0.206  0.293")) << r.out;
   EXPECT_TRUE(has(r.out, "output for crane: (0.464, 0.476, 0.286)")) << r.out;
 }
 
 TEST(Cli, CheckPrintsResolvedConfigAndPlan) {
-  const Ran r = tessera("check configs/bench/vit_b16.yaml");
+  const Ran r = run_cli("check configs/bench/vit_b16.yaml");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "d_k: 64")) << r.out;  // a default resolved from d_model / n_heads
   EXPECT_TRUE(has(r.out, "rows per item")) << r.out;
@@ -85,14 +85,14 @@ TEST(Cli, CheckPrintsResolvedConfigAndPlan) {
   EXPECT_TRUE(has(r.out, "parameters")) << r.out;
   EXPECT_TRUE(has(r.out, "attention scores per head    38,809  (n^2, n = 197)")) << r.out;
   EXPECT_TRUE(has(r.err, "is valid")) << r.err;
-  const Ran n = tessera("check configs/examples/exercise_n5.yaml");
+  const Ran n = run_cli("check configs/examples/exercise_n5.yaml");
   EXPECT_TRUE(has(n.out, "attention scores per head    25  (n^2, n = 5)")) << n.out;
 }
 
 TEST(Cli, ForwardWritesNpy) {
   const std::string out = ::testing::TempDir() + "tessera_cli_forward";
   std::filesystem::remove_all(out);
-  const Ran r = tessera("forward configs/examples/red_ball_rolls.yaml --out " + out + " --dump blocks.0.attn.weights");
+  const Ran r = run_cli("forward configs/examples/red_ball_rolls.yaml --out " + out + " --dump blocks.0.attn.weights");
   ASSERT_EQ(r.code, 0) << r.err;
   auto h = tessera::npy::load(out + "/hidden.npy");
   ASSERT_TRUE(h.ok()) << h.status().message();
@@ -101,7 +101,7 @@ TEST(Cli, ForwardWritesNpy) {
   auto w = tessera::npy::load(out + "/blocks.0.attn.weights.npy");
   ASSERT_TRUE(w.ok());
   EXPECT_FLOAT_EQ(w->at({0, 0, 2, 1}), 0.5f);
-  const Ran bad = tessera("forward configs/examples/red_ball_rolls.yaml --out " + out + " --dump blocks.9.nothing");
+  const Ran bad = run_cli("forward configs/examples/red_ball_rolls.yaml --out " + out + " --dump blocks.9.nothing");
   EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(has(bad.err, "--dump blocks.9.nothing: no intermediate of that name")) << bad.err;
 }
@@ -110,34 +110,34 @@ TEST(Cli, ConfigErrorsAreReportedWithLocationAndExitCode2) {
   const std::string dir = ::testing::TempDir();
   const std::string path = dir + "tessera_cli_bad.yaml";
   std::ofstream(path) << "model:\n  d_model: 10\n  n_heads: 3\n  d_modle: 4\n  stem:\n    vocab_size: 100\n";
-  const Ran r = tessera("check " + path);
+  const Ran r = run_cli("check " + path);
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.err, path + ":4:3: model.d_modle: unknown key")) << r.err;
   EXPECT_TRUE(has(r.err, path + ":3:12: model.n_heads: n_heads (3) does not divide d_model (10)")) << r.err;
   EXPECT_TRUE(has(r.err, "nothing was run")) << r.err;
-  const Ran missing = tessera("check " + dir + "no_such_file.yaml");
+  const Ran missing = run_cli("check " + dir + "no_such_file.yaml");
   EXPECT_EQ(missing.code, 2);
   EXPECT_TRUE(has(missing.err, "no_such_file.yaml")) << missing.err;
 }
 
 TEST(Cli, WeightsThatDoNotFitAreRefusedBeforeRunning) {
-  const Ran r = tessera("check configs/examples/red_ball_rolls.yaml --set 'model.weights.inline.blocks.0.attn.w_v=[[1, 0], [0, 2]]'");
+  const Ran r = run_cli("check configs/examples/red_ball_rolls.yaml --set 'model.weights.inline.blocks.0.attn.w_v=[[1, 0], [0, 2]]'");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.err, "tensor \"blocks.0.attn.w_v\" has shape (2, 2) but the model expects (3, 2)")) << r.err;
 }
 
 TEST(Cli, HelpForEverySubcommand) {
   for (const char* sub : {"check", "explain", "forward", "bench", "schema", "version"}) {
-    const Ran r = tessera(std::string(sub) + " --help");
+    const Ran r = run_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_TRUE(has(r.out, "Usage")) << sub << ": " << r.out;
   }
-  const Ran none = tessera("");
+  const Ran none = run_cli("");
   EXPECT_EQ(none.code, 2);
 }
 
 TEST(Cli, SchemaMarkdownIsTheDocumentedTable) {
-  const Ran r = tessera("schema --markdown");
+  const Ran r = run_cli("schema --markdown");
   ASSERT_EQ(r.code, 0);
   std::ifstream f(kSrc + "docs/CONFIG.md");
   const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
