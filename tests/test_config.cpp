@@ -449,6 +449,9 @@ TEST(Config, ErrorInconsistentValues) {
             "t.yaml:4:22: model.head.pool: pool: cls needs stem.cls: true (set pool: mean or last, or stem.cls: true)");
   EXPECT_EQ(errors(kModel + "  head: {kind: classifier, n_classes: 3, labels: [cat, dog]}\n"),
             "t.yaml:4:42: model.head.labels: 2 labels for n_classes 3 (give one label per class, or none)");
+  EXPECT_EQ(errors(kModel + "  head: {kind: pool, labels: [cat, dog]}\n"),
+            "t.yaml:4:22: model.head.labels: labels name the classes of a classifier head, but head.kind is pool "
+            "(set head.kind: classifier and n_classes, or remove labels)");
   EXPECT_EQ(errors("model:\n  d_model: 8\n  stem: {kind: features, n_features: 3}\n  head: {kind: lm}\n"),
             "t.yaml:4:3: model.head.tied: tied: true needs stem.kind tokens (the logits reuse the token embedding "
             "table), but stem.kind is features (set head.tied: false)");
@@ -734,6 +737,22 @@ TEST(Config, BombDeepFlowMapping) {
   EXPECT_EQ(errors(yaml), "t.yaml:1:257: nesting deeper than max_depth (64) (LoadOptions::max_depth sets the limit)");
   EXPECT_EQ(errors("model: " + yaml), "t.yaml:1:264: nesting deeper than max_depth (64) (LoadOptions::max_depth sets the limit)");
   EXPECT_LT(seconds_since(t0), 1.0);
+}
+
+TEST(Config, BombDeepNestingPastOurLimitsStopsInsideYamlCpp) {
+  // With our limits lifted, yaml-cpp 0.7's own depth guard refuses the document (it throws
+  // DeepRecursion, whose message says "bad file"); it must come back as a diagnostic, no crash.
+  LoadOptions lifted;
+  lifted.max_depth = 1'000'000;
+  std::string map;
+  for (int i = 0; i < 100000; ++i) map += "{a: ";
+  map += "1" + std::string(100000, '}');
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string expected =
+      "nesting deeper than the YAML parser allows (LoadOptions::max_depth should stay below yaml-cpp's own limit)";
+  EXPECT_EQ(errors(std::string(100000, '[') + std::string(100000, ']'), {}, lifted), "t.yaml:1:1: " + expected);
+  EXPECT_EQ(errors(map, {}, lifted), "t.yaml:1:1: " + expected);
+  EXPECT_LT(seconds_since(t0), 2.0);
 }
 
 TEST(Config, BombDeepBlockNesting) {

@@ -16,6 +16,9 @@
 // Keys whose default depends on other keys (d_k = d_model / n_heads, causal = arch is decoder,
 // ...) are resolved by the loader, so the structs below always hold final values and
 // `tessera check` can print them.
+//
+// Thread-safety: the loader keeps no state between calls; several threads may load at once.
+// The structs are plain values (an InlineTensor's Tensor shares its storage when copied).
 #pragma once
 
 #include <cstdint>

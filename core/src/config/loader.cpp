@@ -184,24 +184,6 @@ void walk_map(const Node& map, const std::string& section, WalkContext& c) {
   }
 }
 
-// A map without one of its keys.
-NodePtr without_key(const Node& map, const std::string& key) {
-  auto out = std::make_shared<Node>(map);
-  out->entries.erase(std::remove_if(out->entries.begin(), out->entries.end(),
-                                    [&](const MapEntry& e) { return e.key == key; }),
-                     out->entries.end());
-  return out;
-}
-
-// A map with the value of one existing key replaced.
-NodePtr with_value(const Node& map, const std::string& key, NodePtr value) {
-  auto out = std::make_shared<Node>(map);
-  for (MapEntry& e : out->entries) {
-    if (e.key == key) e.value = std::move(value);
-  }
-  return out;
-}
-
 bool size_ok(uintmax_t size, size_t max_bytes, std::string* why) {
   if (size <= max_bytes) return true;
   *why = "the file is " + std::to_string(size) + " bytes, more than max_file_bytes (" + std::to_string(max_bytes) + ")";

@@ -66,6 +66,22 @@ NodePtr set_path(const NodePtr& root, const std::vector<std::string>& keys, cons
   return set_from(root, keys, 0, value, pos);
 }
 
+NodePtr without_key(const Node& map, const std::string& key) {
+  auto out = std::make_shared<Node>(map);
+  std::erase_if(out->entries, [&](const MapEntry& e) { return e.key == key; });
+  recount(*out);
+  return out;
+}
+
+NodePtr with_value(const Node& map, const std::string& key, NodePtr value) {
+  auto out = std::make_shared<Node>(map);
+  for (MapEntry& e : out->entries) {
+    if (e.key == key) e.value = value;
+  }
+  recount(*out);
+  return out;
+}
+
 std::string describe(const Node& n) {
   switch (n.kind) {
     case Node::Kind::null: return "null";

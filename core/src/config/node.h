@@ -70,6 +70,10 @@ NodePtr merge_nodes(const NodePtr& base, const NodePtr& overlay);
 NodePtr set_path(const NodePtr& root, const std::vector<std::string>& keys, const NodePtr& value,
                  const SrcPos& pos);
 
+// A map without `key`, and a map with the value of its existing `key` replaced.
+NodePtr without_key(const Node& map, const std::string& key);
+NodePtr with_value(const Node& map, const std::string& key, NodePtr value);
+
 // How a value is named in "expected X, found Y": the scalar as written (quoted if it was), or
 // "a list", "a mapping", "null".
 std::string describe(const Node& n);

@@ -192,10 +192,12 @@ bool read_int(const Node& n, const std::string& key, WalkContext& c, const IntBo
   return true;
 }
 
-bool read_positive_float(const Node& n, const std::string& key, WalkContext& c, double* out) {
+// `type` names what was expected when the value is no number at all.
+bool read_positive_float(const Node& n, const std::string& key, WalkContext& c, double* out,
+                         const std::string& type = "float") {
   double v = 0.0;
   if (!n.is_scalar() || !n.plain || !parse_float_text(n.text, &v)) {
-    c.error(n, key, "expected float, found " + describe(n));
+    c.error(n, key, "expected " + type + ", found " + describe(n));
     return false;
   }
   if (!std::isfinite(v)) {
@@ -534,12 +536,7 @@ KeyRule attention_scale_key() {
       c.exp->model.attention.scale = 0.0;  // resolved from d_k
       return true;
     }
-    double v = 0.0;
-    if (n.is_scalar() && n.plain && parse_float_text(n.text, &v)) {
-      return read_positive_float(n, key, c, &c.exp->model.attention.scale);
-    }
-    c.error(n, key, "expected a float > 0 or auto, found " + describe(n));
-    return false;
+    return read_positive_float(n, key, c, &c.exp->model.attention.scale, "a float > 0 or auto");
   };
   r.print = [](const Experiment& e) { return format_double(e.model.attention.scale); };
   return r;
@@ -792,15 +789,18 @@ void resolve_model(WalkContext& c) {
     c.error(c.where("model.head.pool"), "model.head.pool", "pool: cls needs stem.cls: true",
             "set pool: mean or last, or stem.cls: true");
   }
-  if (h.kind == HeadKind::classifier) {
-    if (!c.is_given("model.head.n_classes")) {
-      if (!c.is_bad("model.head.n_classes")) {
-        missing("model.head.n_classes", " (head.kind is classifier)", "add `n_classes: <int>` under `model.head:`");
-      }
-    } else if (!h.labels.empty() && static_cast<int64_t>(h.labels.size()) != h.n_classes) {
+  if (h.kind == HeadKind::classifier && !c.is_given("model.head.n_classes") && !c.is_bad("model.head.n_classes")) {
+    missing("model.head.n_classes", " (head.kind is classifier)", "add `n_classes: <int>` under `model.head:`");
+  }
+  if (!h.labels.empty() && !c.is_bad("model.head.kind")) {
+    if (c.is_given("model.head.n_classes") && static_cast<int64_t>(h.labels.size()) != h.n_classes) {
       c.error(c.where("model.head.labels"), "model.head.labels",
               count(static_cast<int64_t>(h.labels.size()), "label") + " for n_classes " + str(h.n_classes),
               "give one label per class, or none");
+    } else if (h.kind != HeadKind::classifier) {
+      c.error(c.where("model.head.labels"), "model.head.labels",
+              std::string("labels name the classes of a classifier head, but head.kind is ") + head_kind_name(h.kind),
+              "set head.kind: classifier and n_classes, or remove labels");
     }
   }
   if (h.kind == HeadKind::lm && h.tied && s.kind != StemKind::tokens && !c.is_bad("model.stem.kind")) {

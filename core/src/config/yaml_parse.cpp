@@ -286,9 +286,10 @@ class DocumentProbe : public YAML::EventHandler {
 // yaml-cpp's scanner reads a whole flow collection ahead before it reports the first node of it,
 // and for deeply nested ones it holds per-level state: 16 MB of `[` costs it ~16 s and 2 GB before
 // the event handler can refuse the depth. This pass finds the first `[` or `{` that would open a
-// flow collection deeper than max_depth, in one cheap sweep. It follows YAML closely enough (quoted
-// scalars, comments, block scalars, brackets inside plain scalars) that a valid config is never
-// refused; what it misses, the event handler still refuses at max_depth.
+// flow collection deeper than max_depth, in one cheap sweep. It skips what YAML does not nest
+// (quoted scalars, comments, block scalars, brackets inside plain scalars); in odd corners (a plain
+// scalar such as `a:[`) it may count a bracket YAML does not, and what it misses the event handler
+// still refuses at max_depth, only more slowly.
 size_t find_deep_flow(const std::string& s, int max_depth) {
   int depth = 0;
   char last = 0;           // last significant character on this line; 0 at the line's start
