@@ -16,6 +16,9 @@
 // Keys whose default depends on other keys (d_k = d_model / n_heads, causal = arch is decoder,
 // ...) are resolved by the loader, so the structs below always hold final values and
 // `tessera check` can print them.
+//
+// Thread-safety: the loader keeps no state between calls; several threads may load at once.
+// The structs are plain values (an InlineTensor's Tensor shares its storage when copied).
 #pragma once
 
 #include <cstdint>
@@ -34,9 +37,9 @@ namespace tessera {
 // Where a value came from, and what is wrong with it.
 
 struct Location {
-  std::string file;  // the YAML file, or "<--set>" for a command-line override
-  int line = 0;      // 1-based; 0 when unknown
-  int col = 0;       // 1-based
+  std::string file;  // the YAML file as named to the loader, or "<--set>" for an override
+  int line = 0;      // 1-based; 0 when unknown, and always 0 for "<--set>"
+  int col = 0;       // 1-based; for "<--set>", the override's 1-based index in LoadOptions::overrides
 };
 
 struct Diagnostic {
@@ -44,7 +47,9 @@ struct Diagnostic {
   std::string key;      // full key path, "model.attention.scale"; "" for file-level problems
   std::string problem;  // what is wrong, with the bad value
   std::string hint;     // what to do; may be empty
-  std::string str() const;  // "file:line:col: key: problem (hint)"
+  // "file:line:col: key: problem (hint)"; without " (hint)" when there is none, without "key: "
+  // for problems of the file itself, and as "file: ..." when line and col are both 0.
+  std::string str() const;
 };
 
 class Diagnostics {
@@ -53,7 +58,7 @@ class Diagnostics {
   bool empty() const { return items_.empty(); }
   size_t size() const { return items_.size(); }
   const std::vector<Diagnostic>& items() const { return items_; }
-  std::string str() const;  // one per line, in file order
+  std::string str() const;  // one per line, sorted by file, then line, then col
  private:
   std::vector<Diagnostic> items_;
 };
@@ -180,7 +185,10 @@ struct Experiment {
 };
 
 struct LoadOptions {
-  std::vector<std::string> overrides;  // "key.path=value", value parsed as YAML
+  // "key.path=value", value parsed as YAML, applied in order over the file before model.include
+  // is resolved (so they override included keys too); relative paths in them are relative to the
+  // current directory.
+  std::vector<std::string> overrides;
   size_t max_file_bytes = 16u << 20;    // larger files are refused
   int max_depth = 64;                   // nesting deeper than this is refused
   size_t max_nodes = 1'000'000;         // nodes visited, aliases counted each time they are used

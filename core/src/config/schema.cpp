@@ -1,0 +1,991 @@
+// The config schema: every key with its type, default and meaning (KeySpec), how its value is read
+// and checked, how it is printed, and the defaults and consistency rules that involve several keys.
+// The walk over the YAML tree and the file handling live in loader.cpp.
+#include "config/schema.h"
+
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include "config/expr.h"
+
+namespace tessera {
+namespace config {
+namespace {
+
+template <class E>
+using Names = std::vector<std::pair<const char*, E>>;
+
+const Names<Arch> kArchNames = {{"encoder", Arch::encoder}, {"decoder", Arch::decoder}};
+const Names<Activation> kActivationNames = {
+    {"relu", Activation::relu}, {"gelu", Activation::gelu_erf}, {"gelu_tanh", Activation::gelu_tanh}};
+const Names<NormPlacement> kNormNames = {
+    {"post", NormPlacement::post}, {"pre", NormPlacement::pre}, {"none", NormPlacement::none}};
+const Names<DType> kDTypeNames = {{"f32", DType::f32}, {"bf16", DType::bf16}};
+const Names<PositionKind> kPositionNames = {{"none", PositionKind::none},
+                                            {"sinusoidal", PositionKind::sinusoidal},
+                                            {"learned", PositionKind::learned},
+                                            {"relative", PositionKind::relative},
+                                            {"rotary", PositionKind::rotary}};
+const Names<RotaryStyle> kRotaryNames = {{"half", RotaryStyle::half},
+                                         {"interleaved", RotaryStyle::interleaved}};
+const Names<StemKind> kStemNames = {
+    {"tokens", StemKind::tokens}, {"features", StemKind::features}, {"identity", StemKind::identity}};
+const Names<EmbedScale> kEmbedScaleNames = {{"none", EmbedScale::none},
+                                            {"sqrt_d_model", EmbedScale::sqrt_d_model}};
+const Names<HeadKind> kHeadNames = {{"none", HeadKind::none},
+                                    {"pool", HeadKind::pool},
+                                    {"classifier", HeadKind::classifier},
+                                    {"lm", HeadKind::lm}};
+const Names<PoolKind> kPoolNames = {{"cls", PoolKind::cls}, {"mean", PoolKind::mean}, {"last", PoolKind::last}};
+// The same names as random.h's parse_init_scheme; kept here until the parts are merged.
+const Names<InitScheme> kInitNames = {{"glorot_normal", InitScheme::glorot_normal},
+                                      {"glorot_uniform", InitScheme::glorot_uniform},
+                                      {"he_normal", InitScheme::he_normal},
+                                      {"normal", InitScheme::normal},
+                                      {"zeros", InitScheme::zeros}};
+
+template <class E>
+const char* name_of(const Names<E>& names, E value) {
+  for (const auto& [name, v] : names) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+template <class E>
+std::string join_names(const Names<E>& names, const char* sep) {
+  std::string out;
+  for (const auto& [name, v] : names) out += (out.empty() ? "" : sep) + std::string(name);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalars.
+
+bool is_int_text(const std::string& s) {
+  size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  if (i == s.size()) return false;
+  for (; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+  }
+  return true;
+}
+
+// YAML 1.2 core-schema floats: 1, 1.5, .5, 1e-5, -2.5E+3, .inf, -.inf, .nan.
+bool parse_float_text(const std::string& s, double* out) {
+  std::string body = s;
+  double sign = 1.0;
+  if (!body.empty() && (body[0] == '+' || body[0] == '-')) {
+    if (body[0] == '-') sign = -1.0;
+    body.erase(0, 1);
+  }
+  if (body == ".inf" || body == ".Inf" || body == ".INF") {
+    *out = sign * std::numeric_limits<double>::infinity();
+    return true;
+  }
+  if (body == ".nan" || body == ".NaN" || body == ".NAN") {
+    *out = std::numeric_limits<double>::quiet_NaN();
+    return true;
+  }
+  if (body.empty() || !(std::isdigit(static_cast<unsigned char>(body[0])) || body[0] == '.')) return false;
+  for (char c : body) {
+    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' ||
+          c == '-')) {
+      return false;
+    }
+  }
+  double v = 0.0;
+  auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), v);
+  if (end != body.data() + body.size() || ec == std::errc::invalid_argument) return false;
+  *out = sign * (ec == std::errc::result_out_of_range ? std::numeric_limits<double>::infinity() : v);
+  return true;
+}
+
+std::string format_double(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, end);
+}
+
+// The shortest text that reads back (as a double rounded to f32, as the loader reads it) to `v`.
+std::string format_f32(float v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, end);
+  double back = 0.0;
+  std::from_chars(s.data(), s.data() + s.size(), back);
+  return static_cast<float>(back) == v ? s : format_double(v);
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20) {
+          static const char* hex = "0123456789abcdef";
+          out += "\\x";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// A map key as YAML: plain when it reads back as the same text, quoted otherwise.
+std::string key_text(const std::string& s) {
+  bool plain = !s.empty() && (std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_');
+  for (char c : s) {
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-');
+  }
+  if (s == "null" || s == "Null" || s == "NULL") plain = false;
+  return plain ? s : quote(s);
+}
+
+struct IntBound {
+  int64_t min;
+  const char* text;  // "> 0", ">= 1", ">= 0"
+  int64_t max = std::numeric_limits<int64_t>::max();
+};
+constexpr IntBound kPositive{1, "> 0"};
+constexpr IntBound kAtLeastOne{1, ">= 1"};
+constexpr IntBound kNonNegative{0, ">= 0"};
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// `what` prefixes the problem ("entry 3: ") when the value is one entry of a list.
+bool read_int(const Node& n, const std::string& key, WalkContext& c, const IntBound& b, int64_t* out,
+              const std::string& what = "") {
+  if (!n.is_scalar() || !n.plain || !is_int_text(n.text)) {
+    c.error(n, key, what + "expected int, found " + describe(n));
+    return false;
+  }
+  const char* first = n.text.data() + (n.text[0] == '+' ? 1 : 0);
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(first, n.text.data() + n.text.size(), v);
+  if (ec == std::errc::result_out_of_range || v > b.max) {
+    if (n.text[0] == '-') {
+      c.error(n, key, what + "must be " + b.text + ", found " + n.text);
+    } else {
+      c.error(n, key, what + "must be at most " + std::to_string(b.max) + ", found " + n.text);
+    }
+    return false;
+  }
+  if (v < b.min) {
+    c.error(n, key, what + "must be " + b.text + ", found " + n.text);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+// `type` names what was expected when the value is no number at all.
+bool read_positive_float(const Node& n, const std::string& key, WalkContext& c, double* out,
+                         const std::string& type = "float") {
+  double v = 0.0;
+  if (!n.is_scalar() || !n.plain || !parse_float_text(n.text, &v)) {
+    c.error(n, key, "expected " + type + ", found " + describe(n));
+    return false;
+  }
+  if (!std::isfinite(v)) {
+    c.error(n, key, "must be a finite number, found " + n.text);
+    return false;
+  }
+  if (!(v > 0.0)) {
+    c.error(n, key, "must be > 0, found " + n.text);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool read_bool(const Node& n, const std::string& key, WalkContext& c, bool* out) {
+  if (n.is_scalar() && n.plain) {
+    const std::string& t = n.text;
+    if (t == "true" || t == "True" || t == "TRUE") {
+      *out = true;
+      return true;
+    }
+    if (t == "false" || t == "False" || t == "FALSE") {
+      *out = false;
+      return true;
+    }
+  }
+  c.error(n, key, "expected bool (true or false), found " + describe(n));
+  return false;
+}
+
+bool read_string(const Node& n, const std::string& key, WalkContext& c, std::string* out,
+                 const std::string& what = "") {
+  if (!n.is_scalar()) {
+    c.error(n, key, what + "expected string, found " + describe(n));
+    return false;
+  }
+  *out = n.text;
+  return true;
+}
+
+template <class E>
+bool read_enum(const Node& n, const std::string& key, WalkContext& c, const Names<E>& names, E* out) {
+  if (n.is_scalar()) {
+    for (const auto& [name, v] : names) {
+      if (n.text == name) {
+        *out = v;
+        return true;
+      }
+    }
+  }
+  std::string hint;
+  if (n.is_scalar()) {
+    std::vector<std::string> candidates;
+    for (const auto& [name, v] : names) candidates.emplace_back(name);
+    std::string near = nearest(n.text, candidates);
+    if (!near.empty()) hint = "did you mean `" + near + "`?";
+  }
+  c.error(n, key, "expected one of " + join_names(names, ", ") + ", found " + describe(n), hint);
+  return false;
+}
+
+// One number of a matrix or vector: a YAML number or a string holding an expression (expr.h).
+bool read_number(const Node& n, const std::string& key, WalkContext& c, const std::string& entry,
+                 float* out) {
+  if (!n.is_scalar()) {
+    c.error(n, key, entry + ": expected a number, found " + describe(n));
+    return false;
+  }
+  ExprResult r = evaluate_expression(n.text);
+  double v = r.value;
+  if (r.ok && std::fabs(v) > std::numeric_limits<float>::max()) {
+    r.ok = false;
+    r.error = "the value is outside the f32 range";
+    r.error_offset = 0;
+  }
+  if (!r.ok) {
+    Location at = n.pos.location();
+    if (at.line > 0) at.col += static_cast<int>(r.error_offset) + (n.plain ? 0 : 1);
+    constexpr size_t kShown = 40;
+    const std::string text = n.text.size() > kShown ? n.text.substr(0, kShown) + "..." : n.text;
+    c.error(at, key, entry + ": bad expression \"" + text + "\": " + r.error);
+    return false;
+  }
+  *out = static_cast<float>(v);
+  return true;
+}
+
+// A matrix (a list of rows of numbers), or with `allow_vector` also a vector (a list of numbers).
+bool read_tensor(const Node& n, const std::string& key, WalkContext& c, bool allow_vector,
+                 Tensor* out) {
+  const std::string expected = allow_vector ? "a matrix or a vector (a list of rows, or of numbers)"
+                                            : "a matrix (a list of rows of numbers)";
+  if (!n.is_sequence() || n.items.empty()) {
+    c.error(n, key, "expected " + expected + ", found " + (n.is_sequence() ? "an empty list" : describe(n)));
+    return false;
+  }
+  bool ok = true;
+  std::vector<float> values;
+  if (!n.items[0]->is_sequence()) {
+    if (!allow_vector) {
+      c.error(*n.items[0], key, "row 0: expected a list of numbers, found " + describe(*n.items[0]));
+      return false;
+    }
+    values.resize(n.items.size());
+    for (size_t i = 0; i < n.items.size(); ++i) {
+      ok = read_number(*n.items[i], key, c, "entry [" + std::to_string(i) + "]", &values[i]) && ok;
+    }
+    if (ok) *out = Tensor::from_vector({static_cast<int64_t>(values.size())}, values);
+    return ok;
+  }
+  const size_t cols = n.items[0]->items.size();
+  for (size_t i = 0; i < n.items.size(); ++i) {
+    const Node& row = *n.items[i];
+    const std::string name = "row " + std::to_string(i);
+    if (!row.is_sequence()) {
+      c.error(row, key, name + ": expected a list of numbers, found " + describe(row),
+              "a matrix is a list of rows, every row a list of numbers");
+      ok = false;
+      continue;
+    }
+    if (row.items.empty()) {
+      c.error(row, key, name + " is empty");
+      ok = false;
+      continue;
+    }
+    if (row.items.size() != cols) {
+      c.error(row, key,
+              name + " has " + std::to_string(row.items.size()) + " values, but row 0 has " +
+                  std::to_string(cols),
+              "every row of a matrix must have the same length");
+      ok = false;
+      continue;
+    }
+    for (size_t j = 0; j < cols; ++j) {
+      float v = 0.0f;
+      ok = read_number(*row.items[j], key, c, "entry [" + std::to_string(i) + "][" + std::to_string(j) + "]", &v) && ok;
+      values.push_back(v);
+    }
+  }
+  if (ok) {
+    *out = Tensor::from_vector({static_cast<int64_t>(n.items.size()), static_cast<int64_t>(cols)}, values);
+  }
+  return ok;
+}
+
+std::string print_tensor(const Tensor& t) {
+  auto row_text = [](const float* p, int64_t n) {
+    std::string s = "[";
+    for (int64_t j = 0; j < n; ++j) s += (j ? ", " : "") + format_f32(p[j]);
+    return s + "]";
+  };
+  std::vector<float> v = t.to_vector();
+  if (t.rank() == 1) return row_text(v.data(), t.dim(0));
+  std::string out;
+  for (int64_t i = 0; i < t.dim(0); ++i) out += "\n- " + row_text(v.data() + i * t.dim(1), t.dim(1));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules. FIELD(model.d_model) is an accessor that works on a const and a mutable Experiment.
+
+#define FIELD(member) [](auto& e) -> auto& { return e.member; }
+
+template <class Get>
+KeyRule int_key(std::string path, IntBound b, std::string def, std::string meaning, Get get,
+                bool nullable = false) {
+  KeyRule r;
+  r.spec = {std::move(path), std::string("int ") + b.text, std::move(def), std::move(meaning)};
+  r.nullable = nullable;
+  r.read = [get, b](const Node& n, const std::string& key, WalkContext& c) {
+    int64_t v = 0;
+    if (!read_int(n, key, c, b, &v)) return false;
+    get(*c.exp) = static_cast<std::remove_reference_t<decltype(get(*c.exp))>>(v);
+    return true;
+  };
+  r.print = [get, nullable](const Experiment& e) {
+    auto v = get(e);
+    return nullable && v == 0 ? std::string("null") : std::to_string(v);
+  };
+  return r;
+}
+
+template <class Get>
+KeyRule float_key(std::string path, std::string def, std::string meaning, Get get) {
+  KeyRule r;
+  r.spec = {std::move(path), "float > 0", std::move(def), std::move(meaning)};
+  r.read = [get](const Node& n, const std::string& key, WalkContext& c) {
+    return read_positive_float(n, key, c, &get(*c.exp));
+  };
+  r.print = [get](const Experiment& e) { return format_double(get(e)); };
+  return r;
+}
+
+template <class Get>
+KeyRule bool_key(std::string path, std::string def, std::string meaning, Get get) {
+  KeyRule r;
+  r.spec = {std::move(path), "bool", std::move(def), std::move(meaning)};
+  r.read = [get](const Node& n, const std::string& key, WalkContext& c) {
+    return read_bool(n, key, c, &get(*c.exp));
+  };
+  r.print = [get](const Experiment& e) { return std::string(get(e) ? "true" : "false"); };
+  return r;
+}
+
+template <class Get>
+KeyRule string_key(std::string path, std::string def, std::string meaning, Get get) {
+  KeyRule r;
+  r.spec = {std::move(path), "string", std::move(def), std::move(meaning)};
+  r.read = [get](const Node& n, const std::string& key, WalkContext& c) {
+    return read_string(n, key, c, &get(*c.exp));
+  };
+  r.print = [get](const Experiment& e) { return quote(get(e)); };
+  return r;
+}
+
+template <class E, class Get>
+KeyRule enum_key(std::string path, const Names<E>& names, std::string def, std::string meaning, Get get) {
+  KeyRule r;
+  r.spec = {std::move(path), "enum: " + join_names(names, " | "), std::move(def), std::move(meaning)};
+  r.read = [get, &names](const Node& n, const std::string& key, WalkContext& c) {
+    return read_enum(n, key, c, names, &get(*c.exp));
+  };
+  r.print = [get, &names](const Experiment& e) { return std::string(name_of(names, get(e))); };
+  return r;
+}
+
+template <class Get>
+KeyRule string_list_key(std::string path, std::string meaning, Get get) {
+  KeyRule r;
+  r.spec = {std::move(path), "list of strings", "[]", std::move(meaning)};
+  r.read = [get](const Node& n, const std::string& key, WalkContext& c) {
+    if (!n.is_sequence()) {
+      c.error(n, key, "expected a list of strings, found " + describe(n));
+      return false;
+    }
+    std::vector<std::string> out(n.items.size());
+    bool ok = true;
+    for (size_t i = 0; i < n.items.size(); ++i) {
+      ok = read_string(*n.items[i], key, c, &out[i], "entry " + std::to_string(i) + ": ") && ok;
+    }
+    if (ok) get(*c.exp) = std::move(out);
+    return ok;
+  };
+  r.print = [get](const Experiment& e) {
+    std::string s = "[";
+    for (size_t i = 0; i < get(e).size(); ++i) s += (i ? ", " : "") + quote(get(e)[i]);
+    return s + "]";
+  };
+  return r;
+}
+
+KeyRule weights_file_key() {
+  KeyRule r;
+  r.spec = {"model.weights.file", "path", "none",
+            "safetensors file with the model's weights; relative to the YAML file it is written in"};
+  r.nullable = true;
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    std::string text;
+    if (!read_string(n, key, c, &text)) return false;
+    if (text.empty()) {
+      c.error(n, key, "expected a path, found \"\"", "remove the key, or write the file's path");
+      return false;
+    }
+    namespace fs = std::filesystem;
+    fs::path p = fs::path(c.dir_of(n)) / text;  // an absolute `text` replaces the directory
+    std::string abs = p.lexically_normal().string();
+    std::error_code ec;
+    const fs::file_status st = fs::status(abs, ec);
+    if (!fs::exists(st)) {
+      c.error(c.where(key), key, "file not found: " + abs,
+              "a relative path is resolved against the directory of the YAML file that names it");
+      return false;
+    }
+    if (!fs::is_regular_file(st)) {
+      c.error(c.where(key), key, "not a regular file: " + abs);
+      return false;
+    }
+    c.exp->model.weights.file = abs;
+    c.exp->model.weights.file_where = c.where(key);
+    return true;
+  };
+  r.print = [](const Experiment& e) {
+    return e.model.weights.file.empty() ? std::string("null") : quote(e.model.weights.file);
+  };
+  return r;
+}
+
+KeyRule inline_weights_key() {
+  KeyRule r;
+  r.spec = {"model.weights.inline", "map: name -> matrix or vector", "{}",
+            "tensors written in the YAML itself, by name; entries are numbers or expressions"};
+  r.open_map = true;
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    if (!n.is_map()) {
+      c.error(n, key, "expected a mapping of tensor names to matrices or vectors, found " + describe(n));
+      return false;
+    }
+    bool ok = true;
+    for (const MapEntry& e : n.entries) {
+      const std::string path = key + "." + e.key;
+      c.exp->locations[path] = e.key_pos.location();
+      InlineTensor t;
+      t.where = e.key_pos.location();
+      if (!read_tensor(*e.value, path, c, /*allow_vector=*/true, &t.value)) {
+        ok = false;
+        continue;
+      }
+      c.exp->model.weights.inline_tensors[e.key] = std::move(t);
+    }
+    return ok;
+  };
+  r.print = [](const Experiment& e) {
+    if (e.model.weights.inline_tensors.empty()) return std::string("{}");
+    std::string out;
+    for (const auto& [name, t] : e.model.weights.inline_tensors) {
+      std::string value = print_tensor(t.value);
+      if (value[0] == '\n') {
+        std::string indented;
+        for (char ch : value) indented += ch == '\n' ? std::string("\n  ") : std::string(1, ch);
+        out += "\n" + key_text(name) + ":" + indented;
+      } else {
+        out += "\n" + key_text(name) + ": " + value;
+      }
+    }
+    return out;
+  };
+  return r;
+}
+
+KeyRule attention_scale_key() {
+  KeyRule r;
+  r.spec = {"model.attention.scale", "float > 0 or auto", "auto",
+            "factor applied to the scores q·k; auto is 1 / sqrt(d_k)"};
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    if (n.is_scalar() && n.text == "auto") {
+      c.exp->model.attention.scale = 0.0;  // resolved from d_k
+      return true;
+    }
+    return read_positive_float(n, key, c, &c.exp->model.attention.scale, "a float > 0 or auto");
+  };
+  r.print = [](const Experiment& e) { return format_double(e.model.attention.scale); };
+  return r;
+}
+
+KeyRule input_rows_key() {
+  KeyRule r;
+  r.spec = {"input.rows", "matrix", "none",
+            "input rows (T, F) for stem.kind features or identity; entries are numbers or expressions"};
+  r.nullable = true;
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    return read_tensor(n, key, c, /*allow_vector=*/false, &c.exp->input.rows);
+  };
+  r.print = [](const Experiment& e) {
+    return e.input.rows.defined() ? print_tensor(e.input.rows) : std::string("null");
+  };
+  return r;
+}
+
+KeyRule input_ids_key() {
+  KeyRule r;
+  r.spec = {"input.ids", "list of ints >= 0", "[]", "input token ids for stem.kind tokens"};
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    if (!n.is_sequence()) {
+      c.error(n, key, "expected a list of ints, found " + describe(n));
+      return false;
+    }
+    const IntBound bound{0, ">= 0", std::numeric_limits<int32_t>::max()};
+    std::vector<int32_t> ids(n.items.size());
+    bool ok = true;
+    for (size_t i = 0; i < n.items.size(); ++i) {
+      int64_t v = 0;
+      if (read_int(*n.items[i], key, c, bound, &v, "entry " + std::to_string(i) + ": ")) {
+        ids[i] = static_cast<int32_t>(v);
+      } else {
+        ok = false;
+      }
+    }
+    if (ok) c.exp->input.ids = std::move(ids);
+    return ok;
+  };
+  r.print = [](const Experiment& e) {
+    std::string s = "[";
+    for (size_t i = 0; i < e.input.ids.size(); ++i) s += (i ? ", " : "") + std::to_string(e.input.ids[i]);
+    return s + "]";
+  };
+  return r;
+}
+
+KeyRule include_key() {
+  KeyRule r;
+  r.spec = {"model.include", "path", "none",
+            "a YAML file whose top-level `model:` is taken; keys written beside include override it"};
+  return r;  // resolved by the loader before the walk; a resolved experiment includes nothing
+}
+
+std::vector<KeyRule> build_rules() {
+  std::vector<KeyRule> r;
+  r.push_back(include_key());
+  r.push_back(string_key("model.name", "\"\"", "a name for reports", FIELD(model.name)));
+  r.push_back(enum_key("model.arch", kArchNames, "encoder", "encoder or decoder stack", FIELD(model.arch)));
+  r.push_back(bool_key("model.causal", "true if arch is decoder, else false",
+                       "each row attends only to itself and earlier rows", FIELD(model.causal)));
+  r.push_back(int_key("model.d_model", kPositive, "required", "width of every row between blocks (C)",
+                      FIELD(model.d_model)));
+  r.push_back(int_key("model.n_layers", kAtLeastOne, "1", "number of blocks", FIELD(model.n_layers)));
+  r.push_back(int_key("model.n_heads", kAtLeastOne, "1", "attention heads per block (H)", FIELD(model.n_heads)));
+  r.push_back(int_key("model.d_k", kPositive, "d_model / n_heads", "query and key width of each head (D)",
+                      FIELD(model.d_k)));
+  r.push_back(int_key("model.d_v", kPositive, "d_model / n_heads", "value width of each head", FIELD(model.d_v)));
+  r.push_back(int_key("model.d_ff", kNonNegative, "4 * d_model",
+                      "hidden width of the feed-forward sublayer; 0 = no feed-forward sublayer",
+                      FIELD(model.d_ff)));
+  r.push_back(enum_key("model.activation", kActivationNames, "relu",
+                       "feed-forward activation; gelu is the exact erf GELU, gelu_tanh GPT-2's",
+                       FIELD(model.activation)));
+  r.push_back(enum_key("model.norm", kNormNames, "post",
+                       "layer norm after each residual add (post, 2017), before each sublayer (pre), or none",
+                       FIELD(model.norm)));
+  r.push_back(float_key("model.norm_eps", "1e-05", "epsilon of every layer norm", FIELD(model.norm_eps)));
+  r.push_back(bool_key("model.final_norm", "true if norm is pre, else false",
+                       "a layer norm after the last block; needs norm pre or post", FIELD(model.final_norm)));
+  r.push_back(bool_key("model.bias", "true", "biases in every linear layer", FIELD(model.bias)));
+  r.push_back(bool_key("model.residual", "true", "residual connections around each sublayer", FIELD(model.residual)));
+  r.push_back(enum_key("model.dtype", kDTypeNames, "f32", "compute precision of the matmuls", FIELD(model.dtype)));
+  r.push_back(attention_scale_key());
+  r.push_back(bool_key("model.attention.output_projection", "true",
+                       "W_O after the heads; false needs n_heads * d_v = d_model, or a single layer "
+                       "with head.kind none and residual false",
+                       FIELD(model.attention.output_projection)));
+  r.push_back(enum_key("model.positions.kind", kPositionNames, "none", "how row positions enter the model",
+                       FIELD(model.positions.kind)));
+  r.push_back(int_key("model.positions.max_len", kPositive, "512",
+                      "longest sequence: rows of the learned table, limit for sinusoidal",
+                      FIELD(model.positions.max_len)));
+  r.push_back(int_key("model.positions.max_distance", kPositive, "16",
+                      "relative only: offsets are clipped to [-max_distance, max_distance]",
+                      FIELD(model.positions.max_distance)));
+  r.push_back(float_key("model.positions.base", "10000", "frequency base of sinusoidal and rotary positions",
+                        FIELD(model.positions.base)));
+  r.push_back(int_key("model.positions.rotary_dims", kPositive, "d_k",
+                      "rotary only: leading dims of each head that are rotated; even, at most d_k",
+                      FIELD(model.positions.rotary_dims)));
+  r.push_back(enum_key("model.positions.rotary_style", kRotaryNames, "half",
+                       "rotary only: pairs (i, i + d/2) or (2i, 2i + 1)", FIELD(model.positions.rotary_style)));
+  r.push_back(enum_key("model.stem.kind", kStemNames, "tokens",
+                       "input rows: token ids looked up in a table, feature rows projected to d_model, "
+                       "or rows already d_model wide",
+                       FIELD(model.stem.kind)));
+  r.push_back(int_key("model.stem.vocab_size", kPositive, "required if kind is tokens",
+                      "rows of the token embedding table (V)", FIELD(model.stem.vocab_size), true));
+  r.push_back(int_key("model.stem.n_features", kPositive, "required if kind is features",
+                      "width of each feature row", FIELD(model.stem.n_features), true));
+  r.push_back(bool_key("model.stem.cls", "false", "features only: prepend a learned CLS row", FIELD(model.stem.cls)));
+  r.push_back(enum_key("model.stem.scale", kEmbedScaleNames, "none",
+                       "multiply the stem's rows by sqrt(d_model), as in 2017", FIELD(model.stem.scale)));
+  r.push_back(enum_key("model.head.kind", kHeadNames, "none",
+                       "what follows the blocks: nothing, a pooled vector, class logits, or next-token logits",
+                       FIELD(model.head.kind)));
+  r.push_back(enum_key("model.head.pool", kPoolNames, "cls if stem.cls, else mean",
+                       "how rows are pooled for pool and classifier heads; cls needs stem.cls",
+                       FIELD(model.head.pool)));
+  r.push_back(bool_key("model.head.normalize", "false", "L2-normalise the pooled vector", FIELD(model.head.normalize)));
+  r.push_back(int_key("model.head.n_classes", kPositive, "required if kind is classifier", "number of classes",
+                      FIELD(model.head.n_classes), true));
+  r.push_back(string_list_key("model.head.labels", "class names; if given, n_classes of them", FIELD(model.head.labels)));
+  r.push_back(bool_key("model.head.tied", "true",
+                       "lm only: logits through the token embedding table; needs stem.kind tokens",
+                       FIELD(model.head.tied)));
+  r.push_back(enum_key("model.init.scheme", kInitNames, "glorot_normal",
+                       "initialisation of weights that are not loaded", FIELD(model.init.scheme)));
+  r.push_back(float_key("model.init.std", "0.02", "standard deviation for scheme normal", FIELD(model.init.std)));
+  r.push_back(int_key("model.init.seed", kNonNegative, "0", "seed of the initialisation", FIELD(model.init.seed)));
+  r.push_back(weights_file_key());
+  r.push_back(inline_weights_key());
+  r.push_back(bool_key("model.weights.allow_missing", "false if weights.file is given, else true",
+                       "initialise tensors that no weights source provides", FIELD(model.weights.allow_missing)));
+  r.push_back(string_list_key("input.tokens", "labels of the input rows, for display", FIELD(input.tokens)));
+  r.push_back(input_rows_key());
+  r.push_back(input_ids_key());
+  r.push_back(int_key("runtime.threads", {0, ">= 0", kIntMax}, "0", "intra-op threads; 0 = all cores",
+                      FIELD(runtime.threads)));
+  r.push_back(bool_key("runtime.reference", "false", "run the reference loops instead of oneDNN (slow; for checking)",
+                       FIELD(runtime.reference)));
+  r.push_back(int_key("bench.batch", kAtLeastOne, "1", "sequences per batch (B)", FIELD(bench.batch)));
+  r.push_back(int_key("bench.seq_len", kAtLeastOne, "min(positions.max_len, 128)", "rows per sequence (T)",
+                      FIELD(bench.seq_len)));
+  r.push_back(int_key("bench.warmup", {0, ">= 0", kIntMax}, "2", "untimed runs before timing", FIELD(bench.warmup)));
+  r.push_back(int_key("bench.reps", {1, ">= 1", kIntMax}, "10", "timed runs", FIELD(bench.reps)));
+  return r;
+}
+
+#undef FIELD
+
+// ---------------------------------------------------------------------------------------------
+// Defaults that depend on other keys, and checks across keys.
+
+std::string str(int64_t v) { return std::to_string(v); }
+std::string count(int64_t n, const std::string& noun) { return str(n) + " " + noun + (n == 1 ? "" : "s"); }
+
+void resolve_model(WalkContext& c) {
+  ModelConfig& m = c.exp->model;
+  auto missing = [&](const std::string& key, const std::string& why, const std::string& hint) {
+    if (c.is_bad("model.include")) return;  // the keys may well be in the file that failed
+    c.error(c.where(key), key, "required key is missing" + why, hint);
+  };
+  const bool have_d_model = c.is_given("model.d_model");
+  if (!have_d_model && !c.is_bad("model.d_model")) {
+    missing("model.d_model", "", "add `d_model: <int>` under `model:`");
+  }
+
+  if (!c.is_given("model.causal")) m.causal = m.arch == Arch::decoder;
+
+  // Head widths.
+  bool dims_ok = have_d_model && !c.is_bad("model.n_heads");
+  const bool need_dk = !c.is_given("model.d_k") && !c.is_bad("model.d_k");
+  const bool need_dv = !c.is_given("model.d_v") && !c.is_bad("model.d_v");
+  if (dims_ok && (need_dk || need_dv) && m.d_model % m.n_heads != 0) {
+    c.error(c.where("model.n_heads"), "model.n_heads",
+            "n_heads (" + str(m.n_heads) + ") does not divide d_model (" + str(m.d_model) + ")",
+            "choose n_heads dividing d_model, or set d_k and d_v explicitly");
+    dims_ok = false;
+  }
+  if (dims_ok) {
+    if (need_dk) m.d_k = m.d_model / m.n_heads;
+    if (need_dv) m.d_v = m.d_model / m.n_heads;
+  }
+  const bool dk_ok = m.d_k > 0 && !c.is_bad("model.d_k");
+  const bool dv_ok = dims_ok && m.d_v > 0 && !c.is_bad("model.d_v");
+  if (have_d_model && !c.is_given("model.d_ff") && !c.is_bad("model.d_ff")) m.d_ff = 4 * m.d_model;
+
+  if (!c.is_given("model.final_norm")) {
+    m.final_norm = m.norm == NormPlacement::pre;
+  } else if (m.final_norm && m.norm == NormPlacement::none && !c.is_bad("model.norm")) {
+    c.error(c.where("model.final_norm"), "model.final_norm", "final_norm: true needs a norm, but norm is none",
+            "set norm: pre or post, or final_norm: false");
+  }
+
+  if (m.attention.scale == 0.0 && dk_ok) m.attention.scale = 1.0 / std::sqrt(static_cast<double>(m.d_k));
+
+  if (!m.attention.output_projection && dv_ok && !c.is_bad("model.n_layers") && !c.is_bad("model.residual") &&
+      !c.is_bad("model.head.kind")) {
+    const bool heads_fill = m.n_heads * m.d_v == m.d_model;
+    const bool bare = m.n_layers == 1 && m.head.kind == HeadKind::none && !m.residual;
+    if (!heads_fill && !bare) {
+      c.error(c.where("model.attention.output_projection"), "model.attention.output_projection",
+              "output_projection: false leaves the heads " + str(m.n_heads * m.d_v) +
+                  " wide (n_heads * d_v), but d_model is " + str(m.d_model),
+              "keep output_projection: true, or make n_heads * d_v = d_model; only a single layer "
+              "with residual: false and head.kind: none may end at another width");
+    }
+  }
+
+  // Positions.
+  PositionConfig& p = m.positions;
+  if (!c.is_given("model.positions.rotary_dims") && dk_ok) p.rotary_dims = m.d_k;
+  if (p.kind == PositionKind::rotary && dk_ok) {
+    if (m.d_k % 2 != 0) {
+      c.error(c.where("model.positions.kind"), "model.positions.kind",
+              "rotary positions need an even d_k, but d_k is " + str(m.d_k),
+              "choose n_heads so that d_model / n_heads is even, or set an even d_k");
+    } else if (c.is_given("model.positions.rotary_dims") && (p.rotary_dims % 2 != 0 || p.rotary_dims > m.d_k)) {
+      c.error(c.where("model.positions.rotary_dims"), "model.positions.rotary_dims",
+              "rotary_dims (" + str(p.rotary_dims) + ") must be even and at most d_k (" + str(m.d_k) + ")");
+    }
+  }
+
+  // Stem.
+  StemConfig& s = m.stem;
+  if (!c.is_bad("model.stem.kind")) {
+    if (s.kind == StemKind::tokens && !c.is_given("model.stem.vocab_size") && !c.is_bad("model.stem.vocab_size")) {
+      missing("model.stem.vocab_size", " (stem.kind is tokens)", "add `vocab_size: <int>` under `model.stem:`");
+    }
+    if (s.kind == StemKind::features && !c.is_given("model.stem.n_features") &&
+        !c.is_bad("model.stem.n_features")) {
+      missing("model.stem.n_features", " (stem.kind is features)", "add `n_features: <int>` under `model.stem:`");
+    }
+    if (s.cls && s.kind != StemKind::features) {
+      c.error(c.where("model.stem.cls"), "model.stem.cls",
+              std::string("cls: true needs stem.kind features, but stem.kind is ") + stem_kind_name(s.kind),
+              "set cls: false, or stem.kind: features");
+    }
+  }
+
+  // Head.
+  HeadConfig& h = m.head;
+  if (!c.is_given("model.head.pool")) {
+    h.pool = s.cls ? PoolKind::cls : PoolKind::mean;
+  } else if (h.pool == PoolKind::cls && !s.cls && !c.is_bad("model.stem.cls")) {
+    c.error(c.where("model.head.pool"), "model.head.pool", "pool: cls needs stem.cls: true",
+            "set pool: mean or last, or stem.cls: true");
+  }
+  if (h.kind == HeadKind::classifier && !c.is_given("model.head.n_classes") && !c.is_bad("model.head.n_classes")) {
+    missing("model.head.n_classes", " (head.kind is classifier)", "add `n_classes: <int>` under `model.head:`");
+  }
+  if (!h.labels.empty() && !c.is_bad("model.head.kind")) {
+    if (c.is_given("model.head.n_classes") && static_cast<int64_t>(h.labels.size()) != h.n_classes) {
+      c.error(c.where("model.head.labels"), "model.head.labels",
+              count(static_cast<int64_t>(h.labels.size()), "label") + " for n_classes " + str(h.n_classes),
+              "give one label per class, or none");
+    } else if (h.kind != HeadKind::classifier) {
+      c.error(c.where("model.head.labels"), "model.head.labels",
+              std::string("labels name the classes of a classifier head, but head.kind is ") + head_kind_name(h.kind),
+              "set head.kind: classifier and n_classes, or remove labels");
+    }
+  }
+  if (h.kind == HeadKind::lm && h.tied && s.kind != StemKind::tokens && !c.is_bad("model.stem.kind")) {
+    c.error(c.where("model.head.tied"), "model.head.tied",
+            std::string("tied: true needs stem.kind tokens (the logits reuse the token embedding table), "
+                        "but stem.kind is ") + stem_kind_name(s.kind),
+            "set head.tied: false");
+  }
+
+  // Weights.
+  if (!c.is_given("model.weights.allow_missing")) {
+    m.weights.allow_missing = !c.is_given("model.weights.file") && !c.is_bad("model.weights.file");
+  }
+}
+
+void resolve_input(WalkContext& c) {
+  InputConfig& in = c.exp->input;
+  const ModelConfig& m = c.exp->model;
+  in.where = c.where("input");
+  const bool rows = in.rows.defined();
+  const bool ids = !in.ids.empty();
+  if (rows && ids) {
+    c.error(c.where("input.ids"), "input.ids", "input.rows and input.ids are both given",
+            "give input.ids for stem.kind tokens, input.rows for stem.kind features or identity");
+  }
+  if (!c.is_bad("model.stem.kind")) {
+    if (rows && m.stem.kind == StemKind::tokens) {
+      c.error(c.where("input.rows"), "input.rows", "stem.kind tokens takes input.ids, not input.rows",
+              "give token ids, or set stem.kind: features or identity");
+    }
+    if (ids && m.stem.kind != StemKind::tokens) {
+      c.error(c.where("input.ids"), "input.ids",
+              std::string("stem.kind ") + stem_kind_name(m.stem.kind) + " takes input.rows, not input.ids",
+              "give feature rows, or set stem.kind: tokens");
+    }
+  }
+  if (!in.tokens.empty() && (rows || ids)) {
+    const int64_t n = rows ? in.rows.dim(0) : static_cast<int64_t>(in.ids.size());
+    if (static_cast<int64_t>(in.tokens.size()) != n) {
+      c.error(c.where("input.tokens"), "input.tokens",
+              count(static_cast<int64_t>(in.tokens.size()), "token") + " for " + count(n, rows ? "row" : "id"),
+              "give one token label per input row");
+    }
+  }
+  if (ids && m.stem.kind == StemKind::tokens && c.is_given("model.stem.vocab_size")) {
+    const Node& list = *c.values.at("input.ids");
+    for (size_t i = 0; i < in.ids.size(); ++i) {
+      if (in.ids[i] >= m.stem.vocab_size) {
+        c.error(*list.items[i], "input.ids",
+                "entry " + std::to_string(i) + ": id " + str(in.ids[i]) + " is outside the vocabulary (stem.vocab_size is " +
+                    str(m.stem.vocab_size) + ")",
+                "ids must be in [0, vocab_size)");
+      }
+    }
+  }
+  if (rows && !c.is_bad("model.stem.kind")) {
+    const int64_t width = in.rows.dim(1);
+    if (m.stem.kind == StemKind::features && c.is_given("model.stem.n_features") && width != m.stem.n_features) {
+      c.error(c.where("input.rows"), "input.rows",
+              "rows are " + str(width) + " wide, but stem.n_features is " + str(m.stem.n_features));
+    }
+    if (m.stem.kind == StemKind::identity && c.is_given("model.d_model") && width != m.d_model) {
+      c.error(c.where("input.rows"), "input.rows",
+              "rows are " + str(width) + " wide, but d_model is " + str(m.d_model) +
+                  " (stem.kind identity passes rows through unchanged)");
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+const std::vector<KeyRule>& key_rules() {
+  static const std::vector<KeyRule> rules = build_rules();
+  return rules;
+}
+
+void resolve(WalkContext& c) {
+  if (!c.exp->locations.count("model")) {
+    c.error(c.root, "model", "required key is missing", "an experiment needs a `model:` mapping");
+  } else {
+    resolve_model(c);
+  }
+  resolve_input(c);
+  BenchConfig& b = c.exp->bench;
+  if (!c.is_given("bench.seq_len")) b.seq_len = std::min<int64_t>(c.exp->model.positions.max_len, 128);
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 1; j <= m; ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[n][m];
+}
+
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const std::string& cand : candidates) {
+    const size_t d = edit_distance(word, cand);
+    if (d < best_d) {
+      best_d = d;
+      best = cand;
+    }
+  }
+  // Near enough: two edits, or a third of the longer name.
+  const size_t limit = std::max<size_t>(2, std::max(word.size(), best.size()) / 3);
+  return best_d <= limit && best_d < std::max(word.size(), best.size()) ? best : "";
+}
+
+}  // namespace config
+
+// ---------------------------------------------------------------------------------------------
+// The public side of the schema.
+
+const std::vector<KeySpec>& config_schema() {
+  static const std::vector<KeySpec> specs = [] {
+    std::vector<KeySpec> out;
+    for (const config::KeyRule& r : config::key_rules()) out.push_back(r.spec);
+    return out;
+  }();
+  return specs;
+}
+
+std::string schema_markdown() {
+  auto cell = [](const std::string& s) {
+    std::string out;
+    for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+    return out;
+  };
+  std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const KeySpec& k : config_schema()) {
+    out += "| `" + k.path + "` | " + cell(k.type) + " | " + cell(k.default_value) + " | " + cell(k.meaning) + " |\n";
+  }
+  return out;
+}
+
+std::string to_yaml(const Experiment& exp) {
+  std::string out = "# " + exp.file + ", resolved: every key with its final value\n";
+  std::vector<std::string> open;  // the sections of the previous key
+  for (const config::KeyRule& r : config::key_rules()) {
+    if (!r.print) continue;
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      size_t dot = r.spec.path.find('.', start);
+      parts.push_back(r.spec.path.substr(start, dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    const size_t depth = parts.size() - 1;
+    size_t same = 0;
+    while (same < open.size() && same < depth && open[same] == parts[same]) ++same;
+    for (size_t i = same; i < depth; ++i) out += std::string(2 * i, ' ') + parts[i] + ":\n";
+    open.assign(parts.begin(), parts.end() - 1);
+    const std::string indent(2 * depth, ' ');
+    const std::string value = r.print(exp);
+    if (!value.empty() && value[0] == '\n') {
+      out += indent + parts.back() + ":";
+      for (char ch : value) out += ch == '\n' ? "\n" + indent + "  " : std::string(1, ch);
+      out += "\n";
+    } else {
+      out += indent + parts.back() + ": " + value + "\n";
+    }
+  }
+  return out;
+}
+
+const char* arch_name(Arch a) { return config::name_of(config::kArchNames, a); }
+const char* norm_name(NormPlacement n) { return config::name_of(config::kNormNames, n); }
+const char* position_kind_name(PositionKind p) { return config::name_of(config::kPositionNames, p); }
+const char* rotary_style_name(RotaryStyle s) { return config::name_of(config::kRotaryNames, s); }
+const char* stem_kind_name(StemKind s) { return config::name_of(config::kStemNames, s); }
+const char* embed_scale_name(EmbedScale s) { return config::name_of(config::kEmbedScaleNames, s); }
+const char* head_kind_name(HeadKind h) { return config::name_of(config::kHeadNames, h); }
+const char* pool_kind_name(PoolKind p) { return config::name_of(config::kPoolNames, p); }
+
+}  // namespace tessera
