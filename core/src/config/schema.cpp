@@ -43,12 +43,14 @@ const Names<HeadKind> kHeadNames = {{"none", HeadKind::none},
                                     {"classifier", HeadKind::classifier},
                                     {"lm", HeadKind::lm}};
 const Names<PoolKind> kPoolNames = {{"cls", PoolKind::cls}, {"mean", PoolKind::mean}, {"last", PoolKind::last}};
-// The same names as random.h's parse_init_scheme; kept here until the parts are merged.
-const Names<InitScheme> kInitNames = {{"glorot_normal", InitScheme::glorot_normal},
-                                      {"glorot_uniform", InitScheme::glorot_uniform},
-                                      {"he_normal", InitScheme::he_normal},
-                                      {"normal", InitScheme::normal},
-                                      {"zeros", InitScheme::zeros}};
+// Names from random.h, so that the config and the initialiser cannot disagree.
+const Names<InitScheme> kInitNames = [] {
+  Names<InitScheme> n;
+  for (InitScheme s : {InitScheme::glorot_normal, InitScheme::glorot_uniform, InitScheme::he_normal,
+                       InitScheme::normal, InitScheme::zeros})
+    n.emplace_back(init_scheme_name(s), s);
+  return n;
+}();
 
 template <class E>
 const char* name_of(const Names<E>& names, E value) {
