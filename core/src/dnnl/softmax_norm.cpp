@@ -1,0 +1,131 @@
+// ops::softmax and ops::layer_norm over the last axis, as oneDNN primitives on (R, C) rows.
+// Softmax adds what oneDNN lacks: a row with no value above -inf (fully masked) comes out as
+// zeros, where oneDNN would give -inf - -inf = NaN. Not here: masking itself (attention's job).
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "dnnl/onednn.h"
+#include "ops_common.h"
+
+namespace tessera::ops {
+
+using dnnl::memory;
+
+namespace {
+
+// Rows are processed dense: `in` is x itself when it is dense f32 and does not partly overlap y,
+// else a converted copy; `out` is y itself when dense f32, else scratch copied back afterwards.
+struct Rows {
+  Tensor in, out;
+  bool copy_back = false;
+};
+Rows dense_rows(const Tensor& x, Tensor& y) {
+  Rows r;
+  const bool x_ok = onednn::is_dense_f32(x) && (onednn::same_view(x, y) || !onednn::overlaps(x, y));
+  r.in = x;
+  if (!x_ok) {
+    r.in = onednn::scratch_tensor(onednn::Slot::a, x.shape(), DType::f32);
+    onednn::convert(x, r.in);
+  }
+  r.out = y;
+  if (!onednn::is_dense_f32(y)) {
+    r.out = onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
+    r.copy_back = true;
+  }
+  return r;
+}
+
+// (R, C) with C the last axis.
+memory::dims rows_dims(const Tensor& x) {
+  const int64_t C = x.dim(-1);
+  return {x.numel() / C, C};
+}
+
+}  // namespace
+
+Status softmax(const Tensor& x, Tensor& y) {
+  static constexpr const char* op = "ops::softmax";
+  TSR_RETURN_IF_ERROR(detail::check_same_shape(op, x, y));
+  if (x.rank() < 1) return Status::Invalid(std::string(op) + ": needs rank >= 1, got a scalar");
+  if (x.numel() == 0) return Status::Ok();
+  onednn::apply_threads();
+  return onednn::guarded(op, [&] { return onednn::describe({&x, &y}); }, [&]() -> Status {
+    Rows rows = dense_rows(x, y);
+    const memory::dims dims = rows_dims(x);
+    const int64_t R = dims[0], C = dims[1];
+
+    // Fully masked rows, found before the softmax may overwrite its input (in place). A row's
+    // first or last entry is unmasked under causal, left- and right-padding masks alike, so most
+    // rows cost two reads; the others are scanned whole and kept if nothing in them is above
+    // -inf (NaN counts as masked, as in the reference).
+    const float* in = rows.in.data<float>();
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    auto* masked = static_cast<int64_t*>(onednn::scratch(onednn::Slot::aux, static_cast<size_t>(R) * sizeof(int64_t)));
+    int64_t n_masked = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const float* row = in + r * C;
+      if (row[0] > kNegInf || row[C - 1] > kNegInf) continue;
+      int64_t c = 1;
+      while (c < C - 1 && !(row[c] > kNegInf)) ++c;
+      if (c >= C - 1) masked[n_masked++] = r;
+    }
+
+    // memory descriptor: dense (R, C) f32 rows; softmax over axis 1
+    const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
+    const auto prim = onednn::cached(onednn::Key("softmax") << md, [&] {
+      const dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
+      return onednn::make_prim<dnnl::softmax_forward::primitive_desc, dnnl::softmax_forward>(
+          dnnl::softmax_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
+    });
+    onednn::execute(*prim, {{DNNL_ARG_SRC, onednn::mem(md, rows.in.raw_data())},
+                            {DNNL_ARG_DST, onednn::mem(md, rows.out.raw_data())}});
+
+    float* out = rows.out.data<float>();
+    for (int64_t i = 0; i < n_masked; ++i)
+      std::memset(out + masked[i] * C, 0, static_cast<size_t>(C) * sizeof(float));
+    if (rows.copy_back) onednn::convert(rows.out, y);
+    return Status::Ok();
+  });
+}
+
+Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
+  static constexpr const char* op = "ops::layer_norm";
+  TSR_RETURN_IF_ERROR(detail::check_layer_norm_shapes(op, x, gamma, beta, eps, y));
+  if (x.numel() == 0) return Status::Ok();
+  onednn::apply_threads();
+  return onednn::guarded(op, [&] { return onednn::describe({&x, &gamma, &beta, &y}); }, [&]() -> Status {
+    Rows rows = dense_rows(x, y);
+    const memory::dims dims = rows_dims(x);
+    const int64_t C = dims[1];
+    // scale and shift: (C) f32, converted when bf16 or strided (C values, cheap)
+    auto channel = [&](const Tensor& t, onednn::Slot slot) {
+      if (t.dtype() == DType::f32 && (C == 1 || t.stride(0) == 1)) return t;
+      Tensor f = onednn::scratch_tensor(slot, {C}, DType::f32);
+      onednn::convert(t, f);
+      return f;
+    };
+    const Tensor g = channel(gamma, onednn::Slot::b), b = channel(beta, onednn::Slot::c);
+
+    // memory descriptors: dense (R, C) rows, (C) scale and shift
+    const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
+    const memory::desc cmd = onednn::dense_md({C}, memory::data_type::f32);
+    const auto prim = onednn::cached(onednn::Key("layer_norm") << md << eps, [&] {
+      // normalise over the last axis with this eps, then scale (gamma) and shift (beta)
+      const dnnl::layer_normalization_forward::desc d(
+          dnnl::prop_kind::forward_inference, md, eps,
+          dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
+      return onednn::make_prim<dnnl::layer_normalization_forward::primitive_desc,
+                               dnnl::layer_normalization_forward>(
+          dnnl::layer_normalization_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
+    });
+    onednn::execute(*prim, {{DNNL_ARG_SRC, onednn::mem(md, rows.in.raw_data())},
+                            {DNNL_ARG_DST, onednn::mem(md, rows.out.raw_data())},
+                            {DNNL_ARG_SCALE, onednn::mem(cmd, g.raw_data())},
+                            {DNNL_ARG_SHIFT, onednn::mem(cmd, b.raw_data())}});
+    if (rows.copy_back) onednn::convert(rows.out, y);
+    return Status::Ok();
+  });
+}
+
+}  // namespace tessera::ops
