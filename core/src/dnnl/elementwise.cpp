@@ -80,15 +80,17 @@ Status activation(Activation act, const Tensor& x, Tensor& y) {
     const bool y_direct = onednn::is_dense_f32(y);
     Tensor out = y_direct ? y : onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
     const Tensor in = dense_input(x, out, onednn::Slot::a);
-    // memory descriptor: the elements as one dense run; eltwise needs no shape
-    const memory::desc md = onednn::dense_md({x.numel()}, memory::data_type::f32);
-    const auto prim = onednn::cached(onednn::Key("eltwise") << static_cast<int64_t>(act) << md, [&] {
+    const int64_t n = x.numel();
+    const auto prim = onednn::cached(onednn::Key("eltwise") << static_cast<int64_t>(act) << n, [&] {
+      // memory descriptor: the elements as one dense run; eltwise needs no shape
+      const memory::desc md = onednn::dense_md({n}, memory::data_type::f32);
       const dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, eltwise_alg(act), md, 0.f, 0.f);
-      return onednn::make_prim<dnnl::eltwise_forward::primitive_desc, dnnl::eltwise_forward>(
+      onednn::Prim p = onednn::make_prim<dnnl::eltwise_forward::primitive_desc, dnnl::eltwise_forward>(
           dnnl::eltwise_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
+      p.mds = {md};
+      return p;
     });
-    onednn::execute(*prim, {{DNNL_ARG_SRC, onednn::mem(md, in.raw_data())},
-                            {DNNL_ARG_DST, onednn::mem(md, out.raw_data())}});
+    onednn::execute(*prim, {{DNNL_ARG_SRC, 0, in.raw_data()}, {DNNL_ARG_DST, 0, out.raw_data()}});
     if (!y_direct) onednn::convert(out, y);
     return Status::Ok();
   });

@@ -100,14 +100,19 @@ Cache& cache() {
 std::atomic<int64_t> g_packed_calls{0}, g_plain_calls{0}, g_plain_copies{0};
 }  // namespace
 
+// Keys are byte strings: numbers go in as their 8 raw bytes (cheaper than printing them, and
+// unambiguous since every field has a fixed size or a terminator).
 Key& Key::operator<<(int64_t v) {
-  s_ += '|';
-  s_ += std::to_string(v);
+  s_.append(reinterpret_cast<const char*>(&v), sizeof v);
   return *this;
 }
 Key& Key::operator<<(const char* w) {
-  s_ += '|';
-  s_ += w;
+  s_.append(w);
+  s_ += '\0';
+  return *this;
+}
+Key& Key::operator<<(const std::string& bytes) {
+  s_ += bytes;
   return *this;
 }
 Key& Key::operator<<(float v) {
@@ -119,15 +124,15 @@ Key& Key::operator<<(const dnnl::memory::desc& md) {
   // Everything that tells two layouts apart: dims, type, strides, inner blocks, extra flags.
   // (v2's dnnl_memory_desc_t; a move to v3 rewrites this through its query API.)
   const dnnl_memory_desc_t& d = md.data;
-  s_ += "|md";
+  *this << "md";
   *this << static_cast<int64_t>(d.data_type) << static_cast<int64_t>(d.format_kind)
         << static_cast<int64_t>(d.offset0);
   for (int i = 0; i < d.ndims; ++i) *this << static_cast<int64_t>(d.dims[i]);
   if (d.format_kind == dnnl_blocked) {
     const dnnl_blocking_desc_t& b = d.format_desc.blocking;
-    s_ += "|s";
+    *this << "s";
     for (int i = 0; i < d.ndims; ++i) *this << static_cast<int64_t>(b.strides[i]);
-    s_ += "|b";
+    *this << "b";
     for (int i = 0; i < b.inner_nblks; ++i)
       *this << static_cast<int64_t>(b.inner_blks[i]) << static_cast<int64_t>(b.inner_idxs[i]);
     for (int i = 0; i < d.ndims; ++i) *this << static_cast<int64_t>(d.padded_dims[i]);
@@ -146,8 +151,9 @@ std::shared_ptr<const Prim> cached(Key key, const std::function<Prim()>& make) {
     return it->second;
   }
   // Created under the lock: creation is rare (once per shape) and this keeps it once.
-  auto p = std::make_shared<const Prim>(make());
-  c.created.fetch_add(1, std::memory_order_relaxed);
+  Prim made = make();
+  made.id = static_cast<uint64_t>(c.created.fetch_add(1, std::memory_order_relaxed)) + 1;
+  auto p = std::make_shared<const Prim>(std::move(made));
   c.map.emplace(key.str(), p);
   return p;
 }
@@ -170,11 +176,38 @@ dnnl::primitive_attr base_attr() {
   return attr;
 }
 
-void execute(const Prim& p, std::unordered_map<int, dnnl::memory> args) {
-  if (p.scratch_bytes > 0)
-    args[DNNL_ARG_SCRATCHPAD] = mem(p.scratch_md, scratch(Slot::pad, p.scratch_bytes));
+namespace {
+// This thread's memory objects for one primitive, by argument id.
+struct Bound {
+  uint64_t prim_id = 0;
+  std::unordered_map<int, dnnl::memory> args;
+};
+}  // namespace
+
+void execute(const Prim& p, std::span<const Arg> args,
+             std::span<const std::pair<int, dnnl::memory>> ready) {
+  thread_local std::unordered_map<const Prim*, Bound> bound;
+  Bound& b = bound[&p];
+  if (b.prim_id != p.id) b = Bound{p.id, {}};  // first use here (or a recycled address)
+  auto point = [&](int id, const dnnl::memory::desc& md, const void* data) {
+    auto it = b.args.find(id);
+    if (it == b.args.end()) b.args.emplace(id, mem(md, data));
+    else it->second.set_data_handle(const_cast<void*>(data));
+  };
+  for (const Arg& a : args) point(a.id, p.mds[static_cast<size_t>(a.md)], a.data);
+  if (p.scratch_bytes > 0) point(DNNL_ARG_SCRATCHPAD, p.scratch_md, scratch(Slot::pad, p.scratch_bytes));
+  // Ready memories own their buffers (a Linear's packed weights): hold them only for this call,
+  // or a freed layer's weights would live on in every thread that ran it.
+  struct Release {
+    Bound& b;
+    std::span<const std::pair<int, dnnl::memory>> ready;
+    ~Release() {
+      for (const auto& r : ready) b.args[r.first] = dnnl::memory();
+    }
+  } release{b, ready};
+  for (const auto& [id, m] : ready) b.args[id] = m;
   dnnl::stream& s = stream();
-  p.prim.execute(s, args);
+  p.prim.execute(s, b.args);
   s.wait();
 }
 
@@ -237,7 +270,27 @@ dnnl::memory::dims canonical_strides(const dnnl::memory::dims& dims, dnnl::memor
   }
   return strides;
 }
+
+// A view's dims and canonical strides (a scalar as (1)).
+void view_of(const Tensor& t, dnnl::memory::dims& dims, dnnl::memory::dims& strides) {
+  dims.assign(t.shape().begin(), t.shape().end());
+  strides.resize(dims.size());
+  for (int i = 0; i < t.rank(); ++i) strides[i] = t.stride(i);
+  if (dims.empty()) {
+    dims = {1};
+    strides = {1};
+  }
+  strides = canonical_strides(dims, strides);
+}
 }  // namespace
+
+Key& Key::operator<<(const Tensor& t) {
+  dnnl::memory::dims dims, strides;
+  view_of(t, dims, strides);
+  *this << "view" << static_cast<int64_t>(t.dtype()) << static_cast<int64_t>(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) *this << dims[i] << strides[i];
+  return *this;
+}
 
 dnnl::memory::desc md_of(const Tensor& t, const dnnl::memory::dims& dims,
                          const dnnl::memory::dims& strides) {
@@ -245,13 +298,9 @@ dnnl::memory::desc md_of(const Tensor& t, const dnnl::memory::dims& dims,
 }
 
 dnnl::memory::desc md_of(const Tensor& t) {
-  if (t.rank() == 0) return md_of(t, {1}, {1});
   dnnl::memory::dims dims, strides;
-  for (int i = 0; i < t.rank(); ++i) {
-    dims.push_back(t.dim(i));
-    strides.push_back(t.stride(i));
-  }
-  return md_of(t, dims, strides);
+  view_of(t, dims, strides);
+  return dnnl::memory::desc(dims, dt_of(t.dtype()), strides);
 }
 
 dnnl::memory::desc dense_md(const dnnl::memory::dims& dims, dnnl::memory::data_type dt) {

@@ -26,11 +26,12 @@ Status permute(const char* op, const Tensor& x, Tensor& y, const std::function<m
     const memory::desc src = from(), dst = to();
     const auto prim = onednn::cached(onednn::Key("reorder") << src << dst, [&] {
       // reorder primitive descriptor: strided source view -> strided destination view
-      return onednn::make_prim<dnnl::reorder::primitive_desc, dnnl::reorder>(dnnl::reorder::primitive_desc(
-          onednn::engine(), src, onednn::engine(), dst, onednn::base_attr()));
+      onednn::Prim p = onednn::make_prim<dnnl::reorder::primitive_desc, dnnl::reorder>(
+          dnnl::reorder::primitive_desc(onednn::engine(), src, onednn::engine(), dst, onednn::base_attr()));
+      p.mds = {src, dst};
+      return p;
     });
-    onednn::execute(*prim, {{DNNL_ARG_FROM, onednn::mem(src, x.raw_data())},
-                            {DNNL_ARG_TO, onednn::mem(dst, y.raw_data())}});
+    onednn::execute(*prim, {{DNNL_ARG_FROM, 0, x.raw_data()}, {DNNL_ARG_TO, 1, y.raw_data()}});
     return Status::Ok();
   });
 }

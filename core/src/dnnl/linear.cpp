@@ -88,6 +88,7 @@ struct Linear::Impl {
   DType kernel = DType::f32;  // the dtype src and weights have inside the matmul
   Tensor bias_row;            // (1, N) f32 contiguous, or undefined
   memory::desc packed_md;     // the layout the representative primitive asked for
+  std::string packed_key;     // packed_md as cache-key bytes
   memory packed;              // the weights in packed_md, owned
   std::string impl_name;
 
@@ -169,6 +170,7 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
     if (onednn::mismatched_packing_for_testing())
       impl->packed_md = memory::desc({K, N}, kdt, memory::dims{1, K});  // column-major
     // Reorder the weights into that layout, once.
+    impl->packed_key = (onednn::Key("packed") << impl->packed_md).str();
     impl->packed = memory(impl->packed_md, onednn::engine());
     reorder_once(onednn::mem_of(wk), impl->packed);
     return Status::Ok();
@@ -210,13 +212,13 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
     }
     // residual: already in dst (y aliases it, no activation): a sum post-op; otherwise a binary
     // add reading r, or a copy of r when r is not f32 with unit stride or overlaps dst.
-    Shapes s;
+    Residual mode = Residual::none;
     Tensor res;
     if (residual) {
       if (onednn::same_view(*residual, dst) && L.act == Activation::none) {
-        s.residual = Residual::sum;
+        mode = Residual::sum;
       } else {
-        s.residual = Residual::binary;
+        mode = Residual::binary;
         const bool r_direct = residual->dtype() == DType::f32 &&
                               (N == 1 || residual->stride(1) == 1) && !onednn::overlaps(*residual, dst);
         res = *residual;
@@ -224,42 +226,42 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
           res = onednn::scratch_tensor(Slot::b, {M, N}, DType::f32);
           onednn::convert(*residual, res);
         }
-        s.res = onednn::md_of(res);
       }
     }
-    if (L.bias_row.defined()) s.bias = onednn::md_of(L.bias_row);
-    s.act = L.act;
-    // The descriptors, with the operands named in `dense` taken as dense copies.
-    static constexpr uint32_t kPlain = 1, kDenseSrc = 2, kDenseDst = 4, kDenseRes = 8;
-    const memory::data_type kdt = onednn::dt_of(L.kernel);
-    auto with_dense = [&](uint32_t dense) {
-      Shapes d = s;
-      d.src = dense & kDenseSrc ? onednn::dense_md({M, K}, kdt) : onednn::md_of(src);
-      d.dst = dense & kDenseDst ? onednn::dense_md({M, N}, memory::data_type::f32) : onednn::md_of(dst);
-      if (s.residual == Residual::binary)
-        d.res = dense & kDenseRes ? onednn::dense_md({M, N}, memory::data_type::f32) : onednn::md_of(res);
-      return d;
-    };
 
-    // The primitive for these shapes, decided once per key (the packed layout is in the key):
+    // The primitive for these views, decided once per key (the packed layout is in the key):
     //  - where oneDNN offers only its reference kernel for these strides (gemm's binary post-op
     //    wants dense dst and r), the operands that are not dense are copied dense instead;
     //  - weights `any` if the primitive then wants the packed layout, else plain (K, N).
-    const Shapes s0 = with_dense(0);
+    // The entry keeps the descriptors it was made with: mds = {src, dst, bias, residual}.
+    static constexpr uint32_t kPlain = 1, kDenseSrc = 2, kDenseDst = 4, kDenseRes = 8;
     onednn::Key key("linear");
-    key << s0.src << s0.dst << static_cast<int64_t>(L.bias_row.defined())
-        << static_cast<int64_t>(L.act) << static_cast<int64_t>(s0.residual) << L.packed_md;
-    if (s0.residual == Residual::binary) key << s0.res;
+    key << src << dst << static_cast<int64_t>(L.bias_row.defined()) << static_cast<int64_t>(L.act)
+        << static_cast<int64_t>(mode) << L.packed_key;
+    if (mode == Residual::binary) key << res;
     const auto prim = onednn::cached(key, [&] {
+      const memory::data_type kdt = onednn::dt_of(L.kernel);
+      // The descriptors, with the operands named in `dense` taken as dense copies.
+      auto shapes = [&](uint32_t dense) {
+        Shapes d;
+        d.src = dense & kDenseSrc ? onednn::dense_md({M, K}, kdt) : onednn::md_of(src);
+        d.dst = dense & kDenseDst ? onednn::dense_md({M, N}, memory::data_type::f32) : onednn::md_of(dst);
+        if (L.bias_row.defined()) d.bias = onednn::md_of(L.bias_row);
+        if (mode == Residual::binary)
+          d.res = dense & kDenseRes ? onednn::dense_md({M, N}, memory::data_type::f32) : onednn::md_of(res);
+        d.act = L.act;
+        d.residual = mode;
+        return d;
+      };
       const memory::desc any({K, N}, kdt, memory::format_tag::any);
-      Shapes chosen = s0;
+      Shapes chosen = shapes(0);
       dnnl::matmul::primitive_desc pd = linear_pd(chosen, any);
       uint32_t flags = 0;
       if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
         const uint32_t dense = (src.is_contiguous() ? 0 : kDenseSrc) | (dst.is_contiguous() ? 0 : kDenseDst) |
                                (res.defined() && !res.is_contiguous() ? kDenseRes : 0);
         if (dense) {
-          const Shapes d = with_dense(dense);
+          const Shapes d = shapes(dense);
           dnnl::matmul::primitive_desc pd_dense = linear_pd(d, any);
           if (std::string(pd_dense.impl_info_str()).rfind("ref", 0) != 0) {
             chosen = d;
@@ -274,12 +276,12 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
       }
       onednn::Prim p = onednn::make_prim<dnnl::matmul::primitive_desc, dnnl::matmul>(pd);
       p.flags = flags;
+      p.mds = {chosen.src, chosen.dst, chosen.bias, chosen.res};
       return p;
     });
     const uint32_t flags = prim->flags;
     const bool plain = flags & kPlain;
     onednn::count_linear_call(!plain);
-    s = with_dense(flags & ~kPlain);
     if (flags & kDenseSrc) {  // src is x here (a converted src is dense already): same for dst, r
       src = onednn::scratch_tensor(Slot::a, {M, K}, L.kernel);
       onednn::convert(x, src);
@@ -287,7 +289,7 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
     bool copy_back = !y_direct;
     if (flags & kDenseDst) {
       dst = onednn::scratch_tensor(Slot::out, {M, N}, DType::f32);
-      if (s.residual == Residual::sum) onednn::convert(y, dst);  // the sum post-op reads r there
+      if (mode == Residual::sum) onednn::convert(y, dst);  // the sum post-op reads r there
       copy_back = true;
     }
     if (flags & kDenseRes) {
@@ -296,16 +298,16 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
       onednn::convert(r, res);
     }
 
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, onednn::mem(s.src, src.raw_data())},
-        {DNNL_ARG_WEIGHTS, plain ? L.plain_weights() : L.packed},
-        {DNNL_ARG_DST, onednn::mem(s.dst, dst.raw_data())}};
-    if (L.bias_row.defined()) args[DNNL_ARG_BIAS] = onednn::mem(s.bias, L.bias_row.raw_data());
-    if (s.residual == Residual::binary) {
-      const int index = L.act == Activation::none ? 0 : 1;  // the binary's place among post-ops
-      args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1] = onednn::mem(s.res, res.raw_data());
-    }
-    onednn::execute(*prim, std::move(args));
+    // mds = {src, dst, bias, residual}; the residual is the binary post-op's src1, and the
+    // binary comes after the activation when there is one.
+    onednn::Arg args[4] = {{DNNL_ARG_SRC, 0, src.raw_data()}, {DNNL_ARG_DST, 1, dst.raw_data()}};
+    size_t n_args = 2;
+    if (L.bias_row.defined()) args[n_args++] = {DNNL_ARG_BIAS, 2, L.bias_row.raw_data()};
+    if (mode == Residual::binary)
+      args[n_args++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(L.act == Activation::none ? 0 : 1) | DNNL_ARG_SRC_1,
+                        3, res.raw_data()};
+    const std::pair<int, memory> weights[] = {{DNNL_ARG_WEIGHTS, plain ? L.plain_weights() : L.packed}};
+    onednn::execute(*prim, std::span<const onednn::Arg>(args, n_args), weights);
     if (copy_back) onednn::convert(dst, y);
     return Status::Ok();
   });

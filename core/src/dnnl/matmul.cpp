@@ -60,26 +60,36 @@ Status matmul(const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
     const bool c_direct = !onednn::overlaps(c, a) && !onednn::overlaps(c, b);
     if (!c_direct) C = onednn::scratch_tensor(Slot::out, c.shape(), DType::f32);
 
+    // The entry keeps the descriptors it was made with: mds = {a, b, c}.
     onednn::Key key("matmul");
-    key << onednn::md_of(A) << onednn::md_of(B) << onednn::md_of(C) << alpha;
+    key << A << B << C << alpha;
     const auto prim = onednn::cached(key, [&] {
-      dnnl::matmul::primitive_desc pd = matmul_pd(onednn::md_of(A), onednn::md_of(B), onednn::md_of(C), alpha);
+      memory::desc ma = onednn::md_of(A), mb = onednn::md_of(B), mc = onednn::md_of(C);
+      dnnl::matmul::primitive_desc pd = matmul_pd(ma, mb, mc, alpha);
       uint32_t flags = 0;
       if (is_reference_impl(pd.impl_info_str())) {
         // Try again with the non-contiguous operands made dense: a copy beats the slow kernel.
         flags = (A.is_contiguous() ? 0 : kDenseA) | (B.is_contiguous() ? 0 : kDenseB) |
                 (C.is_contiguous() ? 0 : kDenseC);
         if (flags) {
-          auto md = [&](const Tensor& t, uint32_t bit) {
-            return flags & bit ? onednn::dense_md(dims_of(t), onednn::dt_of(t.dtype())) : onednn::md_of(t);
+          auto md = [&](const Tensor& t, uint32_t bit, const memory::desc& strided) {
+            return flags & bit ? onednn::dense_md(dims_of(t), onednn::dt_of(t.dtype())) : strided;
           };
-          dnnl::matmul::primitive_desc dense = matmul_pd(md(A, kDenseA), md(B, kDenseB), md(C, kDenseC), alpha);
-          if (is_reference_impl(dense.impl_info_str())) flags = 0;
-          else pd = dense;
+          const memory::desc da = md(A, kDenseA, ma), db = md(B, kDenseB, mb), dc = md(C, kDenseC, mc);
+          dnnl::matmul::primitive_desc dense = matmul_pd(da, db, dc, alpha);
+          if (is_reference_impl(dense.impl_info_str())) {
+            flags = 0;
+          } else {
+            pd = dense;
+            ma = da;
+            mb = db;
+            mc = dc;
+          }
         }
       }
       onednn::Prim p = onednn::make_prim<dnnl::matmul::primitive_desc, dnnl::matmul>(pd);
       p.flags = flags;
+      p.mds = {ma, mb, mc};
       return p;
     });
 
@@ -93,9 +103,9 @@ Status matmul(const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
     }
     const bool c_staged = !c_direct || (prim->flags & kDenseC);
     if (prim->flags & kDenseC) C = onednn::scratch_tensor(Slot::out, c.shape(), DType::f32);
-    onednn::execute(*prim, {{DNNL_ARG_SRC, onednn::mem_of(A)},
-                            {DNNL_ARG_WEIGHTS, onednn::mem_of(B)},
-                            {DNNL_ARG_DST, onednn::mem_of(C)}});
+    onednn::execute(*prim, {{DNNL_ARG_SRC, 0, A.raw_data()},
+                            {DNNL_ARG_WEIGHTS, 1, B.raw_data()},
+                            {DNNL_ARG_DST, 2, C.raw_data()}});
     if (c_staged) onednn::convert(C, c);
     return Status::Ok();
   });

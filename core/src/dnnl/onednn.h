@@ -11,8 +11,10 @@
 #include <memory>
 #include <exception>
 #include <new>
+#include <span>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "dnnl/engine.h"
 #include "tessera/ops.h"
@@ -46,16 +48,20 @@ struct Prim {
   size_t scratch_bytes = 0;
   std::string impl;           // oneDNN's implementation name, "gemm:jit"
   uint32_t flags = 0;         // op-specific facts decided at creation (which operands to stage)
+  std::vector<dnnl::memory::desc> mds;  // its arguments' descriptors, in an order each op fixes
+  uint64_t id = 0;                      // unique per created primitive (set by cached())
 };
 
-// Builds cache keys from numbers and words: "matmul|2,3|f32|...".
+// Builds cache keys from the op's name, numbers, words and memory descriptors.
 class Key {
  public:
-  explicit Key(const char* op) : s_(op) {}
+  explicit Key(const char* op) { *this << op; }
   Key& operator<<(int64_t v);
   Key& operator<<(const char* w);
   Key& operator<<(float v);  // by its bits: 0.1f and 0.1000001f differ
-  Key& operator<<(const dnnl::memory::desc& md);  // dims, dtype and strides of a plain md
+  Key& operator<<(const std::string& bytes);      // another key's bytes
+  Key& operator<<(const Tensor& t);               // dtype, dims and strides of a view, as md_of sees it
+  Key& operator<<(const dnnl::memory::desc& md);  // everything that tells two layouts apart
   const std::string& str() const { return s_; }
 
  private:
@@ -82,8 +88,22 @@ Prim make_prim(const PD& pd) {
 // primitive can run on several threads at once).
 dnnl::primitive_attr base_attr();
 
-// Runs `p` on this thread's stream with this thread's scratchpad and waits.
-void execute(const Prim& p, std::unordered_map<int, dnnl::memory> args);
+// One argument of a cached primitive: oneDNN's id for it, the index of its descriptor in
+// Prim::mds, and the caller's buffer.
+struct Arg {
+  int id;
+  int md;
+  const void* data;
+};
+// Runs `p` on this thread's stream with these buffers (and `ready` memories, such as packed
+// weights) and this thread's scratchpad, then waits. The memory objects around the buffers are
+// made once per thread and primitive and only re-pointed afterwards (creating one costs more
+// than a small matmul's bookkeeping).
+void execute(const Prim& p, std::span<const Arg> args,
+             std::span<const std::pair<int, dnnl::memory>> ready = {});
+inline void execute(const Prim& p, std::initializer_list<Arg> args) {
+  execute(p, std::span<const Arg>(args.begin(), args.size()));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Scratch: per-thread, 64-byte aligned, grow-only buffers. Each op uses each slot at most once

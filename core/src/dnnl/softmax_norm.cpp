@@ -57,33 +57,44 @@ Status softmax(const Tensor& x, Tensor& y) {
 
     // Fully masked rows, found before the softmax may overwrite its input (in place). A row's
     // first or last entry is unmasked under causal, left- and right-padding masks alike, so most
-    // rows cost two reads; the others are scanned whole and kept if nothing in them is above
-    // -inf (NaN counts as masked, as in the reference).
+    // rows cost one or two reads; the others are scanned whole and flagged if nothing in them is
+    // above -inf (NaN counts as masked, as in the reference). Rows of big inputs come from
+    // memory, not cache: prefetch ahead and split the rows over the threads.
     const float* in = rows.in.data<float>();
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    auto* masked = static_cast<int64_t*>(onednn::scratch(onednn::Slot::aux, static_cast<size_t>(R) * sizeof(int64_t)));
-    int64_t n_masked = 0;
+    auto* masked = static_cast<unsigned char*>(onednn::scratch(onednn::Slot::aux, static_cast<size_t>(R)));
+    int any_masked = 0;
+#pragma omp parallel for schedule(static) reduction(| : any_masked) if (R * C >= (1 << 16))
     for (int64_t r = 0; r < R; ++r) {
       const float* row = in + r * C;
-      if (row[0] > kNegInf || row[C - 1] > kNegInf) continue;
-      int64_t c = 1;
-      while (c < C - 1 && !(row[c] > kNegInf)) ++c;
-      if (c >= C - 1) masked[n_masked++] = r;
+      if (r + 16 < R) __builtin_prefetch(row + 16 * C);
+      bool all_masked = false;
+      if (!(row[0] > kNegInf) && !(row[C - 1] > kNegInf)) {
+        int64_t c = 1;
+        while (c < C - 1 && !(row[c] > kNegInf)) ++c;
+        all_masked = c >= C - 1;
+      }
+      masked[r] = all_masked;
+      any_masked |= all_masked;
     }
 
-    // memory descriptor: dense (R, C) f32 rows; softmax over axis 1
-    const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
-    const auto prim = onednn::cached(onednn::Key("softmax") << md, [&] {
+    const auto prim = onednn::cached(onednn::Key("softmax") << R << C, [&] {
+      // memory descriptor: dense (R, C) f32 rows; softmax over axis 1
+      const memory::desc md = onednn::dense_md({R, C}, memory::data_type::f32);
       const dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
-      return onednn::make_prim<dnnl::softmax_forward::primitive_desc, dnnl::softmax_forward>(
+      onednn::Prim p = onednn::make_prim<dnnl::softmax_forward::primitive_desc, dnnl::softmax_forward>(
           dnnl::softmax_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
+      p.mds = {md};
+      return p;
     });
-    onednn::execute(*prim, {{DNNL_ARG_SRC, onednn::mem(md, rows.in.raw_data())},
-                            {DNNL_ARG_DST, onednn::mem(md, rows.out.raw_data())}});
+    onednn::execute(*prim, {{DNNL_ARG_SRC, 0, rows.in.raw_data()}, {DNNL_ARG_DST, 0, rows.out.raw_data()}});
 
-    float* out = rows.out.data<float>();
-    for (int64_t i = 0; i < n_masked; ++i)
-      std::memset(out + masked[i] * C, 0, static_cast<size_t>(C) * sizeof(float));
+    if (any_masked) {
+      float* out = rows.out.data<float>();
+#pragma omp parallel for schedule(static) if (R * C >= (1 << 16))
+      for (int64_t r = 0; r < R; ++r)
+        if (masked[r]) std::memset(out + r * C, 0, static_cast<size_t>(C) * sizeof(float));
+    }
     if (rows.copy_back) onednn::convert(rows.out, y);
     return Status::Ok();
   });
@@ -107,22 +118,24 @@ Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     };
     const Tensor g = channel(gamma, onednn::Slot::b), b = channel(beta, onednn::Slot::c);
 
-    // memory descriptors: dense (R, C) rows, (C) scale and shift
-    const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
-    const memory::desc cmd = onednn::dense_md({C}, memory::data_type::f32);
-    const auto prim = onednn::cached(onednn::Key("layer_norm") << md << eps, [&] {
+    const auto prim = onednn::cached(onednn::Key("layer_norm") << dims[0] << C << eps, [&] {
+      // memory descriptors: dense (R, C) rows, (C) scale and shift
+      const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
+      const memory::desc cmd = onednn::dense_md({C}, memory::data_type::f32);
       // normalise over the last axis with this eps, then scale (gamma) and shift (beta)
       const dnnl::layer_normalization_forward::desc d(
           dnnl::prop_kind::forward_inference, md, eps,
           dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
-      return onednn::make_prim<dnnl::layer_normalization_forward::primitive_desc,
-                               dnnl::layer_normalization_forward>(
+      onednn::Prim p = onednn::make_prim<dnnl::layer_normalization_forward::primitive_desc,
+                                         dnnl::layer_normalization_forward>(
           dnnl::layer_normalization_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
+      p.mds = {md, cmd};
+      return p;
     });
-    onednn::execute(*prim, {{DNNL_ARG_SRC, onednn::mem(md, rows.in.raw_data())},
-                            {DNNL_ARG_DST, onednn::mem(md, rows.out.raw_data())},
-                            {DNNL_ARG_SCALE, onednn::mem(cmd, g.raw_data())},
-                            {DNNL_ARG_SHIFT, onednn::mem(cmd, b.raw_data())}});
+    onednn::execute(*prim, {{DNNL_ARG_SRC, 0, rows.in.raw_data()},
+                            {DNNL_ARG_DST, 0, rows.out.raw_data()},
+                            {DNNL_ARG_SCALE, 1, g.raw_data()},
+                            {DNNL_ARG_SHIFT, 1, b.raw_data()}});
     if (rows.copy_back) onednn::convert(rows.out, y);
     return Status::Ok();
   });
