@@ -74,8 +74,8 @@ double matmul_factor(int64_t K, double eps = kEpsF32) {
 }
 
 // Every element: |got - want| <= factor · scale + floor. Names the first mismatches.
-::testing::AssertionResult AllClose(const Tensor& got, const Tensor& want, const Tensor& scale,
-                                    double factor, double floor = 0.0) {
+::testing::AssertionResult AllClose(const Tensor& got, const Tensor& want, const Tensor& scale, double factor,
+                                    double floor = 0.0) {
   if (got.shape() != want.shape())
     return ::testing::AssertionFailure() << "shapes " << got.shape().str() << " vs " << want.shape().str();
   const std::vector<float> g = got.to_vector(), w = want.to_vector(), s = scale.to_vector();
@@ -102,17 +102,17 @@ double matmul_factor(int64_t K, double eps = kEpsF32) {
 // ("ops::softmax: x is undefined" vs "ref::softmax: x is undefined").
 ::testing::AssertionResult SameRefusal(const Status& fast, const Status& ref) {
   if (fast.ok() || ref.ok())
-    return ::testing::AssertionFailure() << "expected both to fail; fast: '" << fast.message()
-                                         << "', ref: '" << ref.message() << "'";
+    return ::testing::AssertionFailure()
+           << "expected both to fail; fast: '" << fast.message() << "', ref: '" << ref.message() << "'";
   auto tail = [](const std::string& m) { return m.substr(m.find(": ") + 2); };
   if (fast.code() != ref.code() || tail(fast.message()) != tail(ref.message()))
-    return ::testing::AssertionFailure() << "fast: " << code_name(fast.code()) << " '" << fast.message()
-                                         << "'\n ref: " << code_name(ref.code()) << " '" << ref.message() << "'";
+    return ::testing::AssertionFailure()
+           << "fast: " << code_name(fast.code()) << " '" << fast.message()
+           << "'\n ref: " << code_name(ref.code()) << " '" << ref.message() << "'";
   return ::testing::AssertionSuccess();
 }
 
-const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu_erf,
-                            Activation::gelu_tanh};
+const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu_erf, Activation::gelu_tanh};
 
 }  // namespace
 
@@ -121,7 +121,8 @@ const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu
 
 TEST(OpsRuntime, InfoNamesVersionIsaAndThreads) {
   const RuntimeInfo info = runtime_info();
-  EXPECT_EQ(std::count(info.onednn_version.begin(), info.onednn_version.end(), '.'), 2) << info.onednn_version;
+  EXPECT_EQ(std::count(info.onednn_version.begin(), info.onednn_version.end(), '.'), 2)
+      << info.onednn_version;
   EXPECT_FALSE(info.isa.empty());
   EXPECT_NE(info.isa, "unknown");
   EXPECT_GE(info.threads, 1);
@@ -200,6 +201,18 @@ TEST(Matmul, AttentionHeadViewsWithoutCopies) {
     ASSERT_TRUE(ref::matmul(p, v, want_out).ok());
     EXPECT_TRUE(AllClose(out_buf, want_buf, Tensor::full({B, T, H * D}, 1.f), matmul_factor(T)));
   }
+  // The same views over bf16 buffers (the reference widens bf16 exactly).
+  {
+    const int64_t T = 7;
+    const Tensor qb = random_tensor({B, T, H * D}, rng).to(DType::bf16);
+    const Tensor kb = random_tensor({B, T, H * D}, rng).to(DType::bf16);
+    const Tensor q = qb.reshape({B, T, H, D}).transpose(1, 2);
+    const Tensor kt = kb.reshape({B, T, H, D}).transpose(1, 2).transpose(2, 3);
+    Tensor s = Tensor::empty({B, H, T, T}), want = Tensor::empty({B, H, T, T});
+    ASSERT_TRUE(ops::matmul(q, kt, s, 0.125f).ok());
+    ASSERT_TRUE(ref::matmul(q, kt, want, 0.125f).ok());
+    EXPECT_TRUE(AllClose(s, want, Tensor::full({B, H, T, T}, 0.125f * D), matmul_factor(D)));
+  }
   // A fused qkv buffer (B, T, 3, H, D): q = qkv[:, :, 0] as (B, H, T, D), row stride 3·H·D.
   const int64_t T = 17;
   const Tensor qkv = random_tensor({B, T, 3 * H * D}, rng);
@@ -266,8 +279,8 @@ TEST(Matmul, Bf16AndMixedInputs) {
 
 TEST(Matmul, DegenerateSizesAndAliasedOutput) {
   std::mt19937 rng(15);
-  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {1, 129, 1}, {129, 1, 3},
-                         {1, 7, 100}, {100, 7, 1}}) {
+  for (auto [M, K, N] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {1, 129, 1}, {129, 1, 3}, {1, 7, 100}, {100, 7, 1}}) {
     const Tensor a = random_tensor({M, K}, rng), b = random_tensor({K, N}, rng);
     Tensor c = Tensor::empty({M, N}), want = Tensor::empty({M, N});
     ASSERT_TRUE(ops::matmul(a, b, c).ok());
@@ -350,7 +363,8 @@ TEST(Linear, Bf16ComputeRoundsWeightsAndInputs) {
     check_linear(rng, 33, 129, 17, Activation::none, true, 2, DType::bf16);
   }
   // Inputs already bf16, and bf16 weights and bias: the same numbers as f32 holding them.
-  const Tensor x = random_tensor({7, 33}, rng).to(DType::bf16), w = random_tensor({33, 17}, rng).to(DType::bf16);
+  const Tensor x = random_tensor({7, 33}, rng).to(DType::bf16),
+               w = random_tensor({33, 17}, rng).to(DType::bf16);
   const Tensor b = random_tensor({17}, rng).to(DType::bf16);
   Result<Linear> lb = Linear::create(w, b, Activation::relu, DType::bf16);
   Result<Linear> lf = Linear::create(w.to(DType::f32), b.to(DType::f32), Activation::relu, DType::f32);
@@ -394,7 +408,8 @@ TEST(Linear, StridedAndTransposedInputsAndWeights) {
   Tensor want = Tensor::empty({M, N});
   ASSERT_TRUE(from_view->forward(x_rows, y, &r).ok());
   ASSERT_TRUE(ref::linear(x_rows, w_pt.transpose(0, 1), b, Activation::gelu_tanh, &r, want).ok());
-  EXPECT_TRUE(AllClose(y.contiguous(), want, linear_scale(x_rows, w_pt.transpose(0, 1), b, &r), matmul_factor(K)));
+  EXPECT_TRUE(
+      AllClose(y.contiguous(), want, linear_scale(x_rows, w_pt.transpose(0, 1), b, &r), matmul_factor(K)));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = N; n < N + 3; ++n) EXPECT_EQ(y_buf.at({m, n}), 0.f);  // untouched
 }
@@ -526,12 +541,12 @@ TEST(Linear, RefusesLikeTheReference) {
     Tensor x, y, r;
   };
   const Case cases[] = {
-      {Tensor::empty({3, 7}), Tensor::empty({3, 4}), Tensor()},        // K mismatch
-      {Tensor::empty({24}), Tensor::empty({3, 4}), Tensor()},          // x rank 1
-      {Tensor::empty({3, 8}), Tensor::empty({3, 5}), Tensor()},        // y shape
+      {Tensor::empty({3, 7}), Tensor::empty({3, 4}), Tensor()},               // K mismatch
+      {Tensor::empty({24}), Tensor::empty({3, 4}), Tensor()},                 // x rank 1
+      {Tensor::empty({3, 8}), Tensor::empty({3, 5}), Tensor()},               // y shape
       {Tensor::empty({3, 8}), Tensor::empty({3, 4}), Tensor::empty({4, 3})},  // residual shape
       {Tensor::empty({3, 8}, DType::i32), Tensor::empty({3, 4}), Tensor()},   // x dtype
-      {Tensor(), Tensor::empty({3, 4}), Tensor()},                      // x undefined
+      {Tensor(), Tensor::empty({3, 4}), Tensor()},                            // x undefined
   };
   for (const Case& c : cases) {
     Tensor y1 = c.y, y2 = c.y;
@@ -615,8 +630,8 @@ TEST(Softmax, FullyMaskedRowsAreZerosAndPartlyMaskedEntriesZero) {
 }
 
 TEST(Softmax, LargeValuesDoNotOverflow) {
-  const Tensor x = Tensor::from_vector({3, 4}, {1e4f, 1e4f - 1.f, -1e4f, 0.f,     //
-                                                -1e4f, -1e4f, -1e4f, -1e4f,      //
+  const Tensor x = Tensor::from_vector({3, 4}, {1e4f, 1e4f - 1.f, -1e4f, 0.f,  //
+                                                -1e4f, -1e4f, -1e4f, -1e4f,    //
                                                 3e38f, 1e4f, -kInf, -3e38f});
   Tensor y = Tensor::empty({3, 4}), want = Tensor::empty({3, 4});
   ASSERT_TRUE(ops::softmax(x, y).ok());
@@ -630,7 +645,8 @@ TEST(Softmax, LargeValuesDoNotOverflow) {
 
 TEST(Softmax, StridedViews) {
   std::mt19937 rng(33);
-  const Tensor x = random_tensor({33, 7}, rng).transpose(0, 1);  // rows of stride 7·... no unit stride
+  // (7, 33) whose entries are 7 apart: the staged path (dense copy in, copy back out).
+  const Tensor x = random_tensor({33, 7}, rng).transpose(0, 1);
   Tensor y_buf = Tensor::empty({33, 7});
   Tensor y = y_buf.transpose(0, 1);
   Tensor want = Tensor::empty({7, 33});
@@ -798,8 +814,10 @@ TEST(Activation, EveryKindInPlaceAndStrided) {
 
 TEST(Heads, SplitMergeMatchReferenceAndRoundTrip) {
   std::mt19937 rng(54);
-  for (auto [B, T, H, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 7, 3, 4}, {1, 1, 1, 1},
-                            {3, 17, 4, 33}, {1, 100, 12, 1}}) {
+  for (auto [B, T, H, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 7, 3, 4},
+                            {1, 1, 1, 1},
+                            {3, 17, 4, 33},
+                            {1, 100, 12, 1}}) {
     const Tensor x = random_tensor({B, T, H * D}, rng);
     Tensor heads = Tensor::empty({B, H, T, D}), want = Tensor::empty({B, H, T, D});
     ASSERT_TRUE(ops::split_heads(x, H, heads).ok());
@@ -863,11 +881,14 @@ TEST(Ops, RefuseBadShapesWithTheReferenceMessages) {
   auto both = [](auto fast, auto ref) { return SameRefusal(fast(), ref()); };
   Tensor o1, o2;
   // matmul
-  for (auto [a, b, c] : {std::tuple<Tensor, Tensor, Tensor>{t23, t23, t33}, {t23, t34, t23},
-                         {Tensor::empty({2}), Tensor::empty({2}), Tensor::empty({1})},
-                         {Tensor::empty({2, 2, 2, 2, 2}), Tensor::empty({2, 2, 2, 2, 2}), Tensor::empty({2, 2, 2, 2, 2})},
-                         {t23, t34, Tensor::empty({2, 4}, DType::bf16)}, {i23, t34, Tensor::empty({2, 4})},
-                         {Tensor::empty({2, 2, 3}), Tensor::empty({3, 3, 4}), Tensor::empty({2, 2, 4})}}) {
+  for (auto [a, b, c] :
+       {std::tuple<Tensor, Tensor, Tensor>{t23, t23, t33},
+        {t23, t34, t23},
+        {Tensor::empty({2}), Tensor::empty({2}), Tensor::empty({1})},
+        {Tensor::empty({2, 2, 2, 2, 2}), Tensor::empty({2, 2, 2, 2, 2}), Tensor::empty({2, 2, 2, 2, 2})},
+        {t23, t34, Tensor::empty({2, 4}, DType::bf16)},
+        {i23, t34, Tensor::empty({2, 4})},
+        {Tensor::empty({2, 2, 3}), Tensor::empty({3, 3, 4}), Tensor::empty({2, 2, 4})}}) {
     o1 = c;
     o2 = c;
     EXPECT_TRUE(both([&] { return ops::matmul(a, b, o1); }, [&] { return ref::matmul(a, b, o2); }));
@@ -883,10 +904,12 @@ TEST(Ops, RefuseBadShapesWithTheReferenceMessages) {
                    [&] { return ref::softmax(Tensor::empty({}), s2); }));
   // layer_norm
   const Tensor g3 = Tensor::full({3}, 1.f), b3 = Tensor::zeros({3}), g4 = Tensor::full({4}, 1.f);
-  for (auto [x, g, b, eps, y] : {std::tuple<Tensor, Tensor, Tensor, float, Tensor>{t23, g4, b3, 1e-5f, t23},
-                                 {t23, g3, b3, 0.f, t23}, {t23, g3, b3, 1e-5f, t33},
-                                 {Tensor::empty({2, 0}), Tensor::empty({0}), Tensor::empty({0}), 1e-5f, Tensor::empty({2, 0})},
-                                 {t23, i23.select(0, 0), b3, 1e-5f, t23}}) {
+  for (auto [x, g, b, eps, y] :
+       {std::tuple<Tensor, Tensor, Tensor, float, Tensor>{t23, g4, b3, 1e-5f, t23},
+        {t23, g3, b3, 0.f, t23},
+        {t23, g3, b3, 1e-5f, t33},
+        {Tensor::empty({2, 0}), Tensor::empty({0}), Tensor::empty({0}), 1e-5f, Tensor::empty({2, 0})},
+        {t23, i23.select(0, 0), b3, 1e-5f, t23}}) {
     o1 = y;
     o2 = y;
     EXPECT_TRUE(both([&] { return ops::layer_norm(x, g, b, eps, o1); },
@@ -894,18 +917,23 @@ TEST(Ops, RefuseBadShapesWithTheReferenceMessages) {
   }
   // embedding
   const Tensor table = Tensor::zeros({5, 3});
-  for (auto [tab, ids, y] : {std::tuple<Tensor, Tensor, Tensor>{table, Tensor::from_ids({2}, {0, 1}), t23.transpose(0, 1)},
-                             {table, Tensor::from_ids({2}, {0, 1}), t34},
-                             {table, Tensor::empty({2}, DType::i64), t23},
-                             {table.select(0, 0), Tensor::from_ids({2}, {0, 1}), t23},
-                             {table, Tensor::from_ids({2}, {0, 1}), Tensor::empty({2, 3}, DType::bf16)}}) {
+  for (auto [tab, ids, y] :
+       {std::tuple<Tensor, Tensor, Tensor>{table, Tensor::from_ids({2}, {0, 1}), t23.transpose(0, 1)},
+        {table, Tensor::from_ids({2}, {0, 1}), t34},
+        {table, Tensor::empty({2}, DType::i64), t23},
+        {table.select(0, 0), Tensor::from_ids({2}, {0, 1}), t23},
+        {table, Tensor::from_ids({2}, {0, 1}), Tensor::empty({2, 3}, DType::bf16)}}) {
     o1 = y;
     o2 = y;
-    EXPECT_TRUE(both([&] { return ops::embedding(tab, ids, o1); }, [&] { return ref::embedding(tab, ids, o2); }));
+    EXPECT_TRUE(
+        both([&] { return ops::embedding(tab, ids, o1); }, [&] { return ref::embedding(tab, ids, o2); }));
   }
   // add
-  for (auto [a, b, y] : {std::tuple<Tensor, Tensor, Tensor>{t23, t34, t23}, {t23, Tensor::empty({2}), t23},
-                         {t23, t23, t33}, {t23, Tensor::empty({1, 2, 3, 4}), t23}, {t23, i23, t23}}) {
+  for (auto [a, b, y] : {std::tuple<Tensor, Tensor, Tensor>{t23, t34, t23},
+                         {t23, Tensor::empty({2}), t23},
+                         {t23, t23, t33},
+                         {t23, Tensor::empty({1, 2, 3, 4}), t23},
+                         {t23, i23, t23}}) {
     o1 = y;
     o2 = y;
     EXPECT_TRUE(both([&] { return ops::add(a, b, o1); }, [&] { return ref::add(a, b, o2); }));
@@ -917,16 +945,20 @@ TEST(Ops, RefuseBadShapesWithTheReferenceMessages) {
                    [&] { return ref::activation(Activation::relu, t23, o2); }));
   // split_heads, merge_heads
   const Tensor x3 = Tensor::empty({2, 5, 12});
-  for (auto [n_heads, y] : {std::pair<int64_t, Tensor>{5, Tensor::empty({2, 5, 5, 2})}, {0, Tensor::empty({2, 5, 5, 2})},
-                            {3, Tensor::empty({2, 3, 5, 5})}, {3, Tensor::empty({2, 5, 3, 4})}}) {
+  for (auto [n_heads, y] : {std::pair<int64_t, Tensor>{5, Tensor::empty({2, 5, 5, 2})},
+                            {0, Tensor::empty({2, 5, 5, 2})},
+                            {3, Tensor::empty({2, 3, 5, 5})},
+                            {3, Tensor::empty({2, 5, 3, 4})}}) {
     o1 = y;
     o2 = y;
     EXPECT_TRUE(both([&] { return ops::split_heads(x3, n_heads, o1); },
                      [&] { return ref::split_heads(x3, n_heads, o2); }));
   }
-  EXPECT_TRUE(both([&] { return ops::split_heads(t23, 1, o1); }, [&] { return ref::split_heads(t23, 1, o2); }));
+  EXPECT_TRUE(
+      both([&] { return ops::split_heads(t23, 1, o1); }, [&] { return ref::split_heads(t23, 1, o2); }));
   for (auto [x, y] : {std::pair<Tensor, Tensor>{Tensor::empty({2, 3, 5, 4}), Tensor::empty({2, 5, 11})},
-                      {x3, Tensor::empty({2, 5, 12})}, {Tensor::empty({2, 3, 5, 4}), Tensor::empty({2, 3, 20})}}) {
+                      {x3, Tensor::empty({2, 5, 12})},
+                      {Tensor::empty({2, 3, 5, 4}), Tensor::empty({2, 3, 20})}}) {
     o1 = y;
     o2 = y;
     EXPECT_TRUE(both([&] { return ops::merge_heads(x, o1); }, [&] { return ref::merge_heads(x, o2); }));

@@ -23,10 +23,14 @@ Tensor dense_input(const Tensor& t, const Tensor& y, onednn::Slot slot) {
 
 dnnl::algorithm eltwise_alg(Activation a) {
   switch (a) {
-    case Activation::relu: return dnnl::algorithm::eltwise_relu;
-    case Activation::gelu_erf: return dnnl::algorithm::eltwise_gelu_erf;
-    case Activation::gelu_tanh: return dnnl::algorithm::eltwise_gelu_tanh;
-    case Activation::none: break;
+    case Activation::relu:
+      return dnnl::algorithm::eltwise_relu;
+    case Activation::gelu_erf:
+      return dnnl::algorithm::eltwise_gelu_erf;
+    case Activation::gelu_tanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+    case Activation::none:
+      break;
   }
   return dnnl::algorithm::undef;
 }
@@ -38,7 +42,8 @@ Status add(const Tensor& a, const Tensor& b, Tensor& y) {
   TSR_RETURN_IF_ERROR(detail::check_add_shapes(op, a, b, y));
   if (a.numel() == 0) return Status::Ok();
   onednn::apply_threads();
-  return onednn::guarded(op, [&] { return onednn::describe({&a, &b, &y}); }, [&]() -> Status {
+  auto shapes = [&] { return onednn::describe({&a, &b, &y}); };
+  return onednn::guarded(op, shapes, [&]() -> Status {
     const bool y_direct = onednn::is_dense_f32(y);
     Tensor out = y_direct ? y : onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
     const Tensor A = dense_input(a, out, onednn::Slot::a), B = dense_input(b, out, onednn::Slot::b);
@@ -67,8 +72,7 @@ Status activation(Activation act, const Tensor& x, Tensor& y) {
   static constexpr const char* op = "ops::activation";
   TSR_RETURN_IF_ERROR(detail::check_same_shape(op, x, y));
   if (act != Activation::none && eltwise_alg(act) == dnnl::algorithm::undef)
-    return Status::Invalid(std::string(op) + ": unknown activation " +
-                           std::to_string(static_cast<int>(act)));
+    return Status::Invalid(std::string(op) + ": unknown activation " + std::to_string(static_cast<int>(act)));
   if (x.numel() == 0 || (onednn::same_view(x, y) && act == Activation::none)) return Status::Ok();
   onednn::apply_threads();
   if (act == Activation::none) {
@@ -76,7 +80,8 @@ Status activation(Activation act, const Tensor& x, Tensor& y) {
     onednn::convert(in, y);
     return Status::Ok();
   }
-  return onednn::guarded(op, [&] { return onednn::describe({&x, &y}); }, [&]() -> Status {
+  auto shapes = [&] { return onednn::describe({&x, &y}); };
+  return onednn::guarded(op, shapes, [&]() -> Status {
     const bool y_direct = onednn::is_dense_f32(y);
     Tensor out = y_direct ? y : onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
     const Tensor in = dense_input(x, out, onednn::Slot::a);

@@ -16,10 +16,14 @@ namespace tessera {
 
 const char* activation_name(Activation a) {
   switch (a) {
-    case Activation::none: return "none";
-    case Activation::relu: return "relu";
-    case Activation::gelu_erf: return "gelu_erf";
-    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::none:
+      return "none";
+    case Activation::relu:
+      return "relu";
+    case Activation::gelu_erf:
+      return "gelu_erf";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
   }
   return "?";
 }
@@ -164,9 +168,7 @@ CacheStats cache_stats() {
   return {c.created.load(), c.hits.load(), static_cast<int64_t>(c.map.size())};
 }
 
-LinearStats linear_stats() {
-  return {g_packed_calls.load(), g_plain_calls.load(), g_plain_copies.load()};
-}
+LinearStats linear_stats() { return {g_packed_calls.load(), g_plain_calls.load(), g_plain_copies.load()}; }
 void count_linear_call(bool packed) { (packed ? g_packed_calls : g_plain_calls).fetch_add(1); }
 void count_plain_copy() { g_plain_copies.fetch_add(1); }
 
@@ -184,15 +186,16 @@ struct Bound {
 };
 }  // namespace
 
-void execute(const Prim& p, std::span<const Arg> args,
-             std::span<const std::pair<int, dnnl::memory>> ready) {
+void execute(const Prim& p, std::span<const Arg> args, std::span<const std::pair<int, dnnl::memory>> ready) {
   thread_local std::unordered_map<const Prim*, Bound> bound;
   Bound& b = bound[&p];
   if (b.prim_id != p.id) b = Bound{p.id, {}};  // first use here (or a recycled address)
   auto point = [&](int id, const dnnl::memory::desc& md, const void* data) {
     auto it = b.args.find(id);
-    if (it == b.args.end()) b.args.emplace(id, mem(md, data));
-    else it->second.set_data_handle(const_cast<void*>(data));
+    if (it == b.args.end())
+      b.args.emplace(id, mem(md, data));
+    else
+      it->second.set_data_handle(const_cast<void*>(data));
   };
   for (const Arg& a : args) point(a.id, p.mds[static_cast<size_t>(a.md)], a.data);
   if (p.scratch_bytes > 0) point(DNNL_ARG_SCRATCHPAD, p.scratch_md, scratch(Slot::pad, p.scratch_bytes));
@@ -249,12 +252,18 @@ Tensor scratch_tensor(Slot s, const Shape& shape, DType dtype) {
 dnnl::memory::data_type dt_of(DType t) {
   using dt = dnnl::memory::data_type;
   switch (t) {
-    case DType::f32: return dt::f32;
-    case DType::bf16: return dt::bf16;
-    case DType::f16: return dt::f16;
-    case DType::i32: return dt::s32;
-    case DType::u8: return dt::u8;
-    case DType::i64: return dt::undef;
+    case DType::f32:
+      return dt::f32;
+    case DType::bf16:
+      return dt::bf16;
+    case DType::f16:
+      return dt::f16;
+    case DType::i32:
+      return dt::s32;
+    case DType::u8:
+      return dt::u8;
+    case DType::i64:
+      return dt::undef;
   }
   return dt::undef;
 }
@@ -265,8 +274,10 @@ namespace {
 dnnl::memory::dims canonical_strides(const dnnl::memory::dims& dims, dnnl::memory::dims strides) {
   int64_t extent = 1;
   for (int i = static_cast<int>(dims.size()) - 1; i >= 0; --i) {
-    if (dims[i] == 1) strides[i] = extent;
-    else extent = std::max(extent, dims[i] * strides[i]);
+    if (dims[i] == 1)
+      strides[i] = extent;
+    else
+      extent = std::max(extent, dims[i] * strides[i]);
   }
   return strides;
 }
@@ -292,8 +303,7 @@ Key& Key::operator<<(const Tensor& t) {
   return *this;
 }
 
-dnnl::memory::desc md_of(const Tensor& t, const dnnl::memory::dims& dims,
-                         const dnnl::memory::dims& strides) {
+dnnl::memory::desc md_of(const Tensor& t, const dnnl::memory::dims& dims, const dnnl::memory::dims& strides) {
   return dnnl::memory::desc(dims, dt_of(t.dtype()), canonical_strides(dims, strides));
 }
 
@@ -436,17 +446,28 @@ int num_threads() {
 namespace {
 const char* isa_name(dnnl::cpu_isa isa) {
   switch (isa) {
-    case dnnl::cpu_isa::all: return "all";
-    case dnnl::cpu_isa::sse41: return "sse41";
-    case dnnl::cpu_isa::avx: return "avx";
-    case dnnl::cpu_isa::avx2: return "avx2";
-    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
-    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::all:
+      return "all";
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx512_mic:
+      return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops:
+      return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
   }
   return "unknown";
 }
@@ -455,8 +476,8 @@ const char* isa_name(dnnl::cpu_isa isa) {
 RuntimeInfo runtime_info() {
   RuntimeInfo info;
   const dnnl_version_t* v = dnnl_version();
-  info.onednn_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-                        std::to_string(v->patch);
+  info.onednn_version =
+      std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
   try {
     info.isa = isa_name(dnnl::get_effective_cpu_isa());
   } catch (const dnnl::error&) {

@@ -22,7 +22,8 @@ Status permute(const char* op, const Tensor& x, Tensor& y, const std::function<m
     return Status::Ok();
   }
   onednn::apply_threads();
-  return onednn::guarded(op, [&] { return onednn::describe({&x, &y}); }, [&]() -> Status {
+  auto shapes = [&] { return onednn::describe({&x, &y}); };
+  return onednn::guarded(op, shapes, [&]() -> Status {
     const memory::desc src = from(), dst = to();
     const auto prim = onednn::cached(onednn::Key("reorder") << src << dst, [&] {
       // reorder primitive descriptor: strided source view -> strided destination view
@@ -46,9 +47,13 @@ Status split_heads(const Tensor& x, int64_t n_heads, Tensor& y) {
   return permute(
       op, x, y,
       // x read as (B, H, T, D): head h starts h·D elements into each row
-      [&] { return onednn::md_of(x, {B, H, T, D}, {x.stride(0), D * x.stride(2), x.stride(1), x.stride(2)}); },
+      [&] {
+        return onednn::md_of(x, {B, H, T, D}, {x.stride(0), D * x.stride(2), x.stride(1), x.stride(2)});
+      },
       [&] { return onednn::md_of(y); },
-      [&] { return x.clone().reshape({B, T, H, D}).transpose(1, 2); });
+      [&] {
+        return x.clone().reshape({B, T, H, D}).transpose(1, 2);
+      });
 }
 
 Status merge_heads(const Tensor& x, Tensor& y) {
@@ -59,8 +64,12 @@ Status merge_heads(const Tensor& x, Tensor& y) {
   return permute(
       op, x, y, [&] { return onednn::md_of(x); },
       // y written as (B, H, T, D)
-      [&] { return onednn::md_of(y, {B, H, T, D}, {y.stride(0), D * y.stride(2), y.stride(1), y.stride(2)}); },
-      [&] { return x.transpose(1, 2).clone().reshape({B, T, H * D}); });
+      [&] {
+        return onednn::md_of(y, {B, H, T, D}, {y.stride(0), D * y.stride(2), y.stride(1), y.stride(2)});
+      },
+      [&] {
+        return x.transpose(1, 2).clone().reshape({B, T, H * D});
+      });
 }
 
 }  // namespace tessera::ops

@@ -31,10 +31,14 @@ enum class Residual : int64_t {
 
 dnnl::algorithm eltwise_alg(Activation a) {
   switch (a) {
-    case Activation::relu: return dnnl::algorithm::eltwise_relu;
-    case Activation::gelu_erf: return dnnl::algorithm::eltwise_gelu_erf;
-    case Activation::gelu_tanh: return dnnl::algorithm::eltwise_gelu_tanh;
-    case Activation::none: break;
+    case Activation::relu:
+      return dnnl::algorithm::eltwise_relu;
+    case Activation::gelu_erf:
+      return dnnl::algorithm::eltwise_gelu_erf;
+    case Activation::gelu_tanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+    case Activation::none:
+      break;
   }
   return dnnl::algorithm::undef;
 }
@@ -64,8 +68,8 @@ dnnl::primitive_attr linear_attr(const Shapes& s) {
 
 dnnl::matmul::primitive_desc linear_pd(const Shapes& s, const memory::desc& weights) {
   // matmul descriptor: src (M, K) · weights (K, N) + bias (1, N) -> dst (M, N)
-  const dnnl::matmul::desc d = s.bias ? dnnl::matmul::desc(s.src, weights, s.bias, s.dst)
-                                      : dnnl::matmul::desc(s.src, weights, s.dst);
+  const dnnl::matmul::desc d =
+      s.bias ? dnnl::matmul::desc(s.src, weights, s.bias, s.dst) : dnnl::matmul::desc(s.src, weights, s.dst);
   // primitive descriptor: oneDNN picks the implementation (and, for `any`, the weights layout)
   return dnnl::matmul::primitive_desc(d, linear_attr(s), onednn::engine());
 }
@@ -112,8 +116,7 @@ struct Linear::Impl {
   }
 };
 
-Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activation act,
-                              DType compute) {
+Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activation act, DType compute) {
   static constexpr const char* op = "Linear::create";
   auto is_float = [](const Tensor& t) { return t.dtype() == DType::f32 || t.dtype() == DType::bf16; };
   if (!weight.defined() || !is_float(weight) || weight.rank() != 2)
@@ -124,8 +127,7 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
     return Status::Invalid(std::string(op) + ": bias " + bias.describe() + " should be f32 or bf16 (" +
                            std::to_string(N) + ") for weight " + weight.describe());
   if (!valid_activation(act))
-    return Status::Invalid(std::string(op) + ": unknown activation " +
-                           std::to_string(static_cast<int>(act)));
+    return Status::Invalid(std::string(op) + ": unknown activation " + std::to_string(static_cast<int>(act)));
   if (compute != DType::f32 && compute != DType::bf16)
     return Status::Unsupported(std::string(op) + ": compute dtype must be f32 or bf16, got " +
                                dtype_name(compute));
@@ -152,7 +154,8 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
     return lin;
   }
 
-  Status st = onednn::guarded(op, [&] { return onednn::describe({&weight, &bias}); }, [&]() -> Status {
+  auto shapes = [&] { return onednn::describe({&weight, &bias}); };
+  Status st = onednn::guarded(op, shapes, [&]() -> Status {
     const memory::data_type kdt = onednn::dt_of(impl->kernel);
     // Weights in the kernel's dtype, (K, N) row-major; bf16 compute rounds them here, once.
     Tensor wk = Tensor::empty({K, N}, impl->kernel);
@@ -163,8 +166,7 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
     s.dst = onednn::dense_md({kPackRows, N}, memory::data_type::f32);
     if (bias.defined()) s.bias = onednn::dense_md({1, N}, memory::data_type::f32);
     s.act = act;
-    const dnnl::matmul::primitive_desc pd =
-        linear_pd(s, memory::desc({K, N}, kdt, memory::format_tag::any));
+    const dnnl::matmul::primitive_desc pd = linear_pd(s, memory::desc({K, N}, kdt, memory::format_tag::any));
     impl->impl_name = pd.impl_info_str();
     impl->packed_md = pd.weights_desc();
     if (onednn::mismatched_packing_for_testing())
@@ -183,7 +185,8 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
 
 Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const {
   static constexpr const char* op = "Linear::forward";
-  if (!impl_) return Status::Invalid(std::string(op) + ": the layer is undefined (make it with Linear::create)");
+  if (!impl_)
+    return Status::Invalid(std::string(op) + ": the layer is undefined (make it with Linear::create)");
   const Impl& L = *impl_;
   TSR_RETURN_IF_ERROR(detail::check_linear_shapes(op, x, L.weight, L.bias, residual, y));
   const int64_t M = x.dim(0), K = L.K, N = L.N;
@@ -203,8 +206,8 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
     Tensor dst = y_direct ? y : onednn::scratch_tensor(Slot::out, {M, N}, DType::f32);
     // src: x itself when the kernel can read it as it is; otherwise converted (and, for bf16,
     // rounded) into scratch. A src overlapping dst is copied too, so nothing reads what it wrote.
-    const bool x_direct = x.dtype() == L.kernel && !emulate && (K == 1 || x.stride(1) == 1) &&
-                          !onednn::overlaps(x, dst);
+    const bool x_direct =
+        x.dtype() == L.kernel && !emulate && (K == 1 || x.stride(1) == 1) && !onednn::overlaps(x, dst);
     Tensor src = x;
     if (!x_direct) {
       src = onednn::scratch_tensor(Slot::a, {M, K}, L.kernel);
@@ -219,8 +222,8 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
         mode = Residual::sum;
       } else {
         mode = Residual::binary;
-        const bool r_direct = residual->dtype() == DType::f32 &&
-                              (N == 1 || residual->stride(1) == 1) && !onednn::overlaps(*residual, dst);
+        const bool r_direct = residual->dtype() == DType::f32 && (N == 1 || residual->stride(1) == 1) &&
+                              !onednn::overlaps(*residual, dst);
         res = *residual;
         if (!r_direct) {
           res = onednn::scratch_tensor(Slot::b, {M, N}, DType::f32);
@@ -242,7 +245,7 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
     const auto prim = onednn::cached(key, [&] {
       const memory::data_type kdt = onednn::dt_of(L.kernel);
       // The descriptors, with the operands named in `dense` taken as dense copies.
-      auto shapes = [&](uint32_t dense) {
+      auto descs = [&](uint32_t dense) {
         Shapes d;
         d.src = dense & kDenseSrc ? onednn::dense_md({M, K}, kdt) : onednn::md_of(src);
         d.dst = dense & kDenseDst ? onednn::dense_md({M, N}, memory::data_type::f32) : onednn::md_of(dst);
@@ -254,14 +257,14 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
         return d;
       };
       const memory::desc any({K, N}, kdt, memory::format_tag::any);
-      Shapes chosen = shapes(0);
+      Shapes chosen = descs(0);
       dnnl::matmul::primitive_desc pd = linear_pd(chosen, any);
       uint32_t flags = 0;
       if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
         const uint32_t dense = (src.is_contiguous() ? 0 : kDenseSrc) | (dst.is_contiguous() ? 0 : kDenseDst) |
                                (res.defined() && !res.is_contiguous() ? kDenseRes : 0);
         if (dense) {
-          const Shapes d = shapes(dense);
+          const Shapes d = descs(dense);
           dnnl::matmul::primitive_desc pd_dense = linear_pd(d, any);
           if (std::string(pd_dense.impl_info_str()).rfind("ref", 0) != 0) {
             chosen = d;
@@ -304,8 +307,8 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
     size_t n_args = 2;
     if (L.bias_row.defined()) args[n_args++] = {DNNL_ARG_BIAS, 2, L.bias_row.raw_data()};
     if (mode == Residual::binary)
-      args[n_args++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(L.act == Activation::none ? 0 : 1) | DNNL_ARG_SRC_1,
-                        3, res.raw_data()};
+      args[n_args++] = {DNNL_ARG_ATTR_MULTIPLE_POST_OP(L.act == Activation::none ? 0 : 1) | DNNL_ARG_SRC_1, 3,
+                        res.raw_data()};
     const std::pair<int, memory> weights[] = {{DNNL_ARG_WEIGHTS, plain ? L.plain_weights() : L.packed}};
     onednn::execute(*prim, std::span<const onednn::Arg>(args, n_args), weights);
     if (copy_back) onednn::convert(dst, y);

@@ -16,8 +16,8 @@ constexpr uint32_t kDenseA = 1, kDenseB = 2, kDenseC = 4;
 
 bool is_reference_impl(const std::string& impl) { return impl.rfind("ref", 0) == 0; }
 
-dnnl::matmul::primitive_desc matmul_pd(const memory::desc& a, const memory::desc& b,
-                                       const memory::desc& c, float alpha) {
+dnnl::matmul::primitive_desc matmul_pd(const memory::desc& a, const memory::desc& b, const memory::desc& c,
+                                       float alpha) {
   dnnl::primitive_attr attr = onednn::base_attr();
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});  // c = alpha · (a · b)
   // matmul descriptor over the strided views, then the primitive descriptor
@@ -37,15 +37,12 @@ Status matmul(const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
     return Status::Ok();
   }
   onednn::apply_threads();
-  auto shapes = [&] {
-    return "a " + a.describe() + ", b " + b.describe() + ", c " + c.describe();
-  };
+  auto shapes = [&] { return "a " + a.describe() + ", b " + b.describe() + ", c " + c.describe(); };
   return onednn::guarded(op, shapes, [&]() -> Status {
     using onednn::Slot;
     // bf16 kernels only when both operands are bf16 (mixed inputs: the bf16 one is widened,
     // exactly, which is what the reference computes too).
-    const DType kernel = a.dtype() == DType::bf16 && b.dtype() == DType::bf16 &&
-                                 onednn::use_native_bf16()
+    const DType kernel = a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && onednn::use_native_bf16()
                              ? DType::bf16
                              : DType::f32;
     Tensor A = a, B = b, C = c;

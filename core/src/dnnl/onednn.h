@@ -4,13 +4,12 @@
 // stays inside core/src/dnnl/ (a move to oneDNN v3 should touch only this folder).
 #pragma once
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
-#include <exception>
 #include <new>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -46,8 +45,8 @@ struct Prim {
   dnnl::primitive_desc_base pd;
   dnnl::memory::desc scratch_md;  // user scratchpad (size 0: none)
   size_t scratch_bytes = 0;
-  std::string impl;           // oneDNN's implementation name, "gemm:jit"
-  uint32_t flags = 0;         // op-specific facts decided at creation (which operands to stage)
+  std::string impl;                     // oneDNN's implementation name, "gemm:jit"
+  uint32_t flags = 0;                   // op-specific facts decided at creation (which operands to stage)
   std::vector<dnnl::memory::desc> mds;  // its arguments' descriptors, in an order each op fixes
   uint64_t id = 0;                      // unique per created primitive (set by cached())
 };
@@ -58,7 +57,7 @@ class Key {
   explicit Key(const char* op) { *this << op; }
   Key& operator<<(int64_t v);
   Key& operator<<(const char* w);
-  Key& operator<<(float v);  // by its bits: 0.1f and 0.1000001f differ
+  Key& operator<<(float v);                       // by its bits: 0.1f and 0.1000001f differ
   Key& operator<<(const std::string& bytes);      // another key's bytes
   Key& operator<<(const Tensor& t);               // dtype, dims and strides of a view, as md_of sees it
   Key& operator<<(const dnnl::memory::desc& md);  // everything that tells two layouts apart
@@ -126,7 +125,7 @@ dnnl::memory mem(const dnnl::memory::desc& md, const void* data);
 dnnl::memory mem_of(const Tensor& t);
 
 // Stride rules the direct (no-copy) paths need.
-bool is_dense_f32(const Tensor& t);               // f32 and contiguous
+bool is_dense_f32(const Tensor& t);                // f32 and contiguous
 bool same_view(const Tensor& a, const Tensor& b);  // same bytes, dtype, shape and strides
 bool overlaps(const Tensor& a, const Tensor& b);   // their byte ranges intersect
 

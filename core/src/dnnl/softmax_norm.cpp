@@ -50,7 +50,8 @@ Status softmax(const Tensor& x, Tensor& y) {
   if (x.rank() < 1) return Status::Invalid(std::string(op) + ": needs rank >= 1, got a scalar");
   if (x.numel() == 0) return Status::Ok();
   onednn::apply_threads();
-  return onednn::guarded(op, [&] { return onednn::describe({&x, &y}); }, [&]() -> Status {
+  auto shapes = [&] { return onednn::describe({&x, &y}); };
+  return onednn::guarded(op, shapes, [&]() -> Status {
     Rows rows = dense_rows(x, y);
     const memory::dims dims = rows_dims(x);
     const int64_t R = dims[0], C = dims[1];
@@ -105,7 +106,8 @@ Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   TSR_RETURN_IF_ERROR(detail::check_layer_norm_shapes(op, x, gamma, beta, eps, y));
   if (x.numel() == 0) return Status::Ok();
   onednn::apply_threads();
-  return onednn::guarded(op, [&] { return onednn::describe({&x, &gamma, &beta, &y}); }, [&]() -> Status {
+  auto shapes = [&] { return onednn::describe({&x, &gamma, &beta, &y}); };
+  return onednn::guarded(op, shapes, [&]() -> Status {
     Rows rows = dense_rows(x, y);
     const memory::dims dims = rows_dims(x);
     const int64_t C = dims[1];
