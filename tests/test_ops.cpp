@@ -706,20 +706,37 @@ TEST(LayerNorm, RandomShapesF32Bf16AndInPlace) {
   }
 }
 
+// A constant row has mean = its value and variance 0: it must give exactly beta, also with
+// BERT's eps = 1e-12 (where any rounding left in x - mean would be multiplied by 1e6), in place,
+// and among ordinary rows.
 TEST(LayerNorm, ConstantRowStaysFiniteAndEqualsBeta) {
-  const int64_t C = 768;
+  const int64_t C = 768, R = 4;
   std::mt19937 rng(42);
   const Tensor g = random_tensor({C}, rng, 0.5f, 2.f), b = random_tensor({C}, rng);
-  for (float v : {0.f, 1.f, -2.5f, 3.14159f, 1000.f}) {
-    const Tensor x = Tensor::full({2, C}, v);
-    Tensor y = Tensor::empty({2, C});
-    ASSERT_TRUE(ops::layer_norm(x, g, b, 1e-5f, y).ok());
-    for (int64_t r = 0; r < 2; ++r)
-      for (int64_t c = 0; c < C; ++c) {
-        ASSERT_TRUE(std::isfinite(y.at({r, c})));
-        EXPECT_NEAR(y.at({r, c}), b.at({c}), 1e-3) << "value " << v << " col " << c;
-      }
-  }
+  for (float eps : {1e-5f, 1e-12f})
+    for (float v : {0.f, 1.f, -2.5f, 3.14159f, 1000.f, 1e-20f}) {
+      Tensor x = random_tensor({R, C}, rng);
+      for (int64_t r : {0, 2})
+        for (int64_t c = 0; c < C; ++c) x.data<float>()[r * C + c] = v;
+      Tensor want = Tensor::empty({R, C});
+      ASSERT_TRUE(ref::layer_norm(x, g, b, eps, want).ok());
+      Tensor y = Tensor::empty({R, C});
+      ASSERT_TRUE(ops::layer_norm(x, g, b, eps, y).ok());
+      ASSERT_TRUE(ops::layer_norm(x, g, b, eps, x).ok());  // in place
+      for (const Tensor& out : {y, x})
+        for (int64_t r : {0, 2})
+          for (int64_t c = 0; c < C; ++c) {
+            ASSERT_TRUE(std::isfinite(out.at({r, c})));
+            ASSERT_EQ(out.at({r, c}), b.at({c})) << "value " << v << " eps " << eps << " col " << c;
+            ASSERT_EQ(want.at({r, c}), b.at({c}));
+          }
+      EXPECT_TRUE(AllEqual(y, x));
+    }
+  // C = 1: every row is constant.
+  const Tensor x1 = random_tensor({5, 1}, rng), g1 = Tensor::full({1}, 2.f), b1 = Tensor::full({1}, 0.25f);
+  Tensor y1 = Tensor::empty({5, 1});
+  ASSERT_TRUE(ops::layer_norm(x1, g1, b1, 1e-5f, y1).ok());
+  EXPECT_TRUE(AllEqual(y1, Tensor::full({5, 1}, 0.25f)));
 }
 
 // ---------------------------------------------------------------------------------------------

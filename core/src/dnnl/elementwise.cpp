@@ -1,6 +1,6 @@
-// Elementwise ops and the embedding gather: ops::add (suffix broadcast), ops::activation (oneDNN
-// eltwise) and ops::embedding (a row copy per id). add and embedding are plain OpenMP loops:
-// they only move memory, and a loop measured as fast as oneDNN's binary primitive for add.
+// Elementwise ops and the embedding gather: ops::add (oneDNN binary, b broadcast over a's leading
+// dims), ops::activation (oneDNN eltwise) and ops::embedding (a row copy per id, OpenMP).
+// For add, oneDNN's binary measured as fast as a plain parallel loop or faster (1576 x 768).
 #include <cstring>
 
 #include "dnnl/onednn.h"
@@ -47,22 +47,21 @@ Status add(const Tensor& a, const Tensor& b, Tensor& y) {
     const bool y_direct = onednn::is_dense_f32(y);
     Tensor out = y_direct ? y : onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
     const Tensor A = dense_input(a, out, onednn::Slot::a), B = dense_input(b, out, onednn::Slot::b);
-    const float* pa = A.data<float>();
-    const float* pb = B.data<float>();
-    float* py = out.data<float>();
-    const int64_t n = A.numel(), m = B.numel();  // b repeats every m elements
-    if (m == n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
-    } else {
-      const int64_t rows = n / m;
-#pragma omp parallel for schedule(static) if (n > 65536)
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* ar = pa + r * m;
-        float* yr = py + r * m;
-        for (int64_t j = 0; j < m; ++j) yr[j] = ar[j] + pb[j];
-      }
-    }
+    // b repeats every m elements: a as (n / m, m) rows, b as one row (1, m) broadcast over them.
+    const int64_t n = A.numel(), m = B.numel();
+    const auto prim = onednn::cached(onednn::Key("add") << n << m, [&] {
+      // memory descriptors: src0 and dst (n / m, m), src1 (1, m) or the same as src0
+      const memory::desc rows = onednn::dense_md({n / m, m}, memory::data_type::f32);
+      const memory::desc row = onednn::dense_md({n == m ? n / m : 1, m}, memory::data_type::f32);
+      const dnnl::binary::desc d(dnnl::algorithm::binary_add, rows, row, rows);
+      onednn::Prim p = onednn::make_prim<dnnl::binary::primitive_desc, dnnl::binary>(
+          dnnl::binary::primitive_desc(d, onednn::base_attr(), onednn::engine()));
+      p.mds = {rows, row};
+      return p;
+    });
+    onednn::execute(*prim, {{DNNL_ARG_SRC_0, 0, A.raw_data()},
+                            {DNNL_ARG_SRC_1, 1, B.raw_data()},
+                            {DNNL_ARG_DST, 0, out.raw_data()}});
     if (!y_direct) onednn::convert(out, y);
     return Status::Ok();
   });

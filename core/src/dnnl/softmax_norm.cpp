@@ -1,6 +1,7 @@
 // ops::softmax and ops::layer_norm over the last axis, as oneDNN primitives on (R, C) rows.
-// Softmax adds what oneDNN lacks: a row with no value above -inf (fully masked) comes out as
-// zeros, where oneDNN would give -inf - -inf = NaN. Not here: masking itself (attention's job).
+// Each adds what oneDNN lacks: a softmax row with no value above -inf (fully masked) comes out
+// as zeros, where oneDNN would give -inf - -inf = NaN; a constant layer_norm row comes out as
+// exactly beta. Not here: masking itself (attention's job).
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -120,6 +121,23 @@ Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     };
     const Tensor g = channel(gamma, onednn::Slot::b), b = channel(beta, onednn::Slot::c);
 
+    // Constant rows (every entry the same finite value: padding, blank patches) normalise to
+    // exactly beta. oneDNN's f32 statistics may leave a rounding error in x - mean there, which
+    // 1/sqrt(eps) magnifies (eps = 1e-12 in BERT); so they are found first (before an in-place
+    // call overwrites x; a row usually differs at its second entry) and set to beta after.
+    const int64_t R = dims[0];
+    const float* in = rows.in.data<float>();
+    auto* constant = static_cast<unsigned char*>(onednn::scratch(onednn::Slot::aux, static_cast<size_t>(R)));
+    int any_constant = 0;
+#pragma omp parallel for schedule(static) reduction(| : any_constant) if (R * C >= (1 << 16))
+    for (int64_t r = 0; r < R; ++r) {
+      const float* row = in + r * C;
+      int64_t c = 1;
+      while (c < C && row[c] == row[0]) ++c;
+      constant[r] = c == C && std::isfinite(row[0]);
+      any_constant |= constant[r];
+    }
+
     const auto prim = onednn::cached(onednn::Key("layer_norm") << dims[0] << C << eps, [&] {
       // memory descriptors: dense (R, C) rows, (C) scale and shift
       const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
@@ -138,6 +156,13 @@ Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
                             {DNNL_ARG_DST, 0, rows.out.raw_data()},
                             {DNNL_ARG_SCALE, 1, g.raw_data()},
                             {DNNL_ARG_SHIFT, 1, b.raw_data()}});
+    if (any_constant) {
+      float* out = rows.out.data<float>();
+      const float* shift = b.data<float>();
+#pragma omp parallel for schedule(static) if (R * C >= (1 << 16))
+      for (int64_t r = 0; r < R; ++r)
+        if (constant[r]) std::memcpy(out + r * C, shift, static_cast<size_t>(C) * sizeof(float));
+    }
     if (rows.copy_back) onednn::convert(rows.out, y);
     return Status::Ok();
   });
