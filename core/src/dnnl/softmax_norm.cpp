@@ -59,7 +59,7 @@ Status softmax(const Tensor& x, Tensor& y) {
 
     // Fully masked rows, found before the softmax may overwrite its input (in place). A row's
     // first or last entry is unmasked under causal, left- and right-padding masks alike, so most
-    // rows cost one or two reads; the others are scanned whole and flagged if nothing in them is
+    // rows cost one or two reads; the others are read whole and flagged if nothing in them is
     // above -inf (NaN counts as masked, as in the reference). Rows of big inputs come from
     // memory, not cache: prefetch ahead and split the rows over the threads.
     const float* in = rows.in.data<float>();
@@ -72,9 +72,9 @@ Status softmax(const Tensor& x, Tensor& y) {
       if (r + 16 < R) __builtin_prefetch(row + 16 * C);
       bool all_masked = false;
       if (!(row[0] > kNegInf) && !(row[C - 1] > kNegInf)) {
-        int64_t c = 1;
-        while (c < C - 1 && !(row[c] > kNegInf)) ++c;
-        all_masked = c >= C - 1;
+        int unmasked = 0;  // no early exit: a branch-free OR over the row vectorises
+        for (int64_t c = 1; c < C - 1; ++c) unmasked |= row[c] > kNegInf;
+        all_masked = !unmasked;
       }
       masked[r] = all_masked;
       any_masked |= all_masked;
