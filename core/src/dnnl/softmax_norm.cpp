@@ -1,0 +1,171 @@
+// ops::softmax and ops::layer_norm over the last axis, as oneDNN primitives on (R, C) rows.
+// Each adds what oneDNN lacks: a softmax row with no value above -inf (fully masked) comes out
+// as zeros, where oneDNN would give -inf - -inf = NaN; a constant layer_norm row comes out as
+// exactly beta. Not here: masking itself (attention's job).
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "dnnl/onednn.h"
+#include "ops_common.h"
+
+namespace tessera::ops {
+
+using dnnl::memory;
+
+namespace {
+
+// Rows are processed dense: `in` is x itself when it is dense f32 and does not partly overlap y,
+// else a converted copy; `out` is y itself when dense f32, else scratch copied back afterwards.
+struct Rows {
+  Tensor in, out;
+  bool copy_back = false;
+};
+Rows dense_rows(const Tensor& x, Tensor& y) {
+  Rows r;
+  const bool x_ok = onednn::is_dense_f32(x) && (onednn::same_view(x, y) || !onednn::overlaps(x, y));
+  r.in = x;
+  if (!x_ok) {
+    r.in = onednn::scratch_tensor(onednn::Slot::a, x.shape(), DType::f32);
+    onednn::convert(x, r.in);
+  }
+  r.out = y;
+  if (!onednn::is_dense_f32(y)) {
+    r.out = onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
+    r.copy_back = true;
+  }
+  return r;
+}
+
+// (R, C) with C the last axis.
+memory::dims rows_dims(const Tensor& x) {
+  const int64_t C = x.dim(-1);
+  return {x.numel() / C, C};
+}
+
+}  // namespace
+
+Status softmax(const Tensor& x, Tensor& y) {
+  static constexpr const char* op = "ops::softmax";
+  TSR_RETURN_IF_ERROR(detail::check_same_shape(op, x, y));
+  if (x.rank() < 1) return Status::Invalid(std::string(op) + ": needs rank >= 1, got a scalar");
+  if (x.numel() == 0) return Status::Ok();
+  onednn::apply_threads();
+  auto shapes = [&] { return onednn::describe({&x, &y}); };
+  return onednn::guarded(op, shapes, [&]() -> Status {
+    Rows rows = dense_rows(x, y);
+    const memory::dims dims = rows_dims(x);
+    const int64_t R = dims[0], C = dims[1];
+
+    // Fully masked rows, found before the softmax may overwrite its input (in place). A row's
+    // first or last entry is unmasked under causal, left- and right-padding masks alike, so most
+    // rows cost one or two reads; the others are read whole and flagged if nothing in them is
+    // above -inf (NaN counts as masked, as in the reference). Rows of big inputs come from
+    // memory, not cache: prefetch ahead and split the rows over the threads.
+    const float* in = rows.in.data<float>();
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    auto* masked = static_cast<unsigned char*>(onednn::scratch(onednn::Slot::aux, static_cast<size_t>(R)));
+    int any_masked = 0;
+#pragma omp parallel for schedule(static) reduction(| : any_masked) if (R * C >= (1 << 16))
+    for (int64_t r = 0; r < R; ++r) {
+      const float* row = in + r * C;
+      if (r + 16 < R) __builtin_prefetch(row + 16 * C);
+      bool all_masked = false;
+      if (!(row[0] > kNegInf) && !(row[C - 1] > kNegInf)) {
+        int unmasked = 0;  // no early exit: a branch-free OR over the row vectorises
+        for (int64_t c = 1; c < C - 1; ++c) unmasked |= row[c] > kNegInf;
+        all_masked = !unmasked;
+      }
+      masked[r] = all_masked;
+      any_masked |= all_masked;
+    }
+
+    const auto prim = onednn::cached(onednn::Key("softmax") << R << C, [&] {
+      // memory descriptor: dense (R, C) f32 rows; softmax over axis 1
+      const memory::desc md = onednn::dense_md({R, C}, memory::data_type::f32);
+      const dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
+      onednn::Prim p = onednn::make_prim<dnnl::softmax_forward::primitive_desc, dnnl::softmax_forward>(
+          dnnl::softmax_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
+      p.mds = {md};
+      return p;
+    });
+    onednn::execute(*prim, {{DNNL_ARG_SRC, 0, rows.in.raw_data()}, {DNNL_ARG_DST, 0, rows.out.raw_data()}});
+
+    if (any_masked) {
+      float* out = rows.out.data<float>();
+#pragma omp parallel for schedule(static) if (R * C >= (1 << 16))
+      for (int64_t r = 0; r < R; ++r)
+        if (masked[r]) std::memset(out + r * C, 0, static_cast<size_t>(C) * sizeof(float));
+    }
+    if (rows.copy_back) onednn::convert(rows.out, y);
+    return Status::Ok();
+  });
+}
+
+Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
+  static constexpr const char* op = "ops::layer_norm";
+  TSR_RETURN_IF_ERROR(detail::check_layer_norm_shapes(op, x, gamma, beta, eps, y));
+  if (x.numel() == 0) return Status::Ok();
+  onednn::apply_threads();
+  auto shapes = [&] { return onednn::describe({&x, &gamma, &beta, &y}); };
+  return onednn::guarded(op, shapes, [&]() -> Status {
+    Rows rows = dense_rows(x, y);
+    const memory::dims dims = rows_dims(x);
+    const int64_t C = dims[1];
+    // scale and shift: (C) f32, converted when bf16 or strided (C values, cheap)
+    auto channel = [&](const Tensor& t, onednn::Slot slot) {
+      if (t.dtype() == DType::f32 && (C == 1 || t.stride(0) == 1)) return t;
+      Tensor f = onednn::scratch_tensor(slot, {C}, DType::f32);
+      onednn::convert(t, f);
+      return f;
+    };
+    const Tensor g = channel(gamma, onednn::Slot::b), b = channel(beta, onednn::Slot::c);
+
+    // Constant rows (every entry the same finite value: padding, blank patches) normalise to
+    // exactly beta. oneDNN's f32 statistics may leave a rounding error in x - mean there, which
+    // 1/sqrt(eps) magnifies (eps = 1e-12 in BERT); so they are found first (before an in-place
+    // call overwrites x; a row usually differs at its second entry) and set to beta after.
+    const int64_t R = dims[0];
+    const float* in = rows.in.data<float>();
+    auto* constant = static_cast<unsigned char*>(onednn::scratch(onednn::Slot::aux, static_cast<size_t>(R)));
+    int any_constant = 0;
+#pragma omp parallel for schedule(static) reduction(| : any_constant) if (R * C >= (1 << 16))
+    for (int64_t r = 0; r < R; ++r) {
+      const float* row = in + r * C;
+      int64_t c = 1;
+      while (c < C && row[c] == row[0]) ++c;
+      constant[r] = c == C && std::isfinite(row[0]);
+      any_constant |= constant[r];
+    }
+
+    const auto prim = onednn::cached(onednn::Key("layer_norm") << dims[0] << C << eps, [&] {
+      // memory descriptors: dense (R, C) rows, (C) scale and shift
+      const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
+      const memory::desc cmd = onednn::dense_md({C}, memory::data_type::f32);
+      // normalise over the last axis with this eps, then scale (gamma) and shift (beta)
+      const dnnl::layer_normalization_forward::desc d(
+          dnnl::prop_kind::forward_inference, md, eps,
+          dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
+      onednn::Prim p = onednn::make_prim<dnnl::layer_normalization_forward::primitive_desc,
+                                         dnnl::layer_normalization_forward>(
+          dnnl::layer_normalization_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
+      p.mds = {md, cmd};
+      return p;
+    });
+    onednn::execute(*prim, {{DNNL_ARG_SRC, 0, rows.in.raw_data()},
+                            {DNNL_ARG_DST, 0, rows.out.raw_data()},
+                            {DNNL_ARG_SCALE, 1, g.raw_data()},
+                            {DNNL_ARG_SHIFT, 1, b.raw_data()}});
+    if (any_constant) {
+      float* out = rows.out.data<float>();
+      const float* shift = b.data<float>();
+#pragma omp parallel for schedule(static) if (R * C >= (1 << 16))
+      for (int64_t r = 0; r < R; ++r)
+        if (constant[r]) std::memcpy(out + r * C, shift, static_cast<size_t>(C) * sizeof(float));
+    }
+    if (rows.copy_back) onednn::convert(rows.out, y);
+    return Status::Ok();
+  });
+}
+
+}  // namespace tessera::ops
