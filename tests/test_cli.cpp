@@ -135,8 +135,33 @@ TEST(Cli, WeightsThatDoNotFitAreRefusedBeforeRunning) {
   EXPECT_TRUE(has(r.err, "tensor \"blocks.0.attn.w_v\" has shape (2, 2) but the model expects (3, 2)")) << r.err;
 }
 
+TEST(Cli, WeightsFileProblemsPointAtTheYamlKey) {
+  // A checkpoint exported from one model (d_ff 8), loaded by a config with d_ff 4.
+  const std::string dir = ::testing::TempDir();
+  const std::string weights = dir + "tessera_cli_layer.safetensors";
+  const Ran saved = run_cli("export configs/examples/transformer_layer.yaml " + weights);
+  ASSERT_EQ(saved.code, 0) << saved.err;
+  EXPECT_TRUE(has(saved.out, "tensors")) << saved.out;
+  const Ran params = run_cli("check configs/examples/transformer_layer.yaml --params");
+  EXPECT_TRUE(has(params.out, "blocks.0.ffn.w1  (3, 8)  24")) << params.out;
+  const std::string yaml = dir + "tessera_cli_weights.yaml";
+  std::ofstream(yaml) << "model:\n  include: " << kSrc << "configs/examples/transformer_layer.yaml\n"
+                      << "  d_ff: 4\n  weights:\n    file: " << weights << "\n";
+  const Ran r = run_cli("check " + yaml);
+  EXPECT_EQ(r.code, 2);
+  const std::string at = yaml + ":5:5: model.weights.file: tensor ";
+  EXPECT_TRUE(has(r.err, at + "\"blocks.0.ffn.w1\" in " + weights + " has shape (3, 8) but the model expects (3, 4)"))
+      << r.err;
+  EXPECT_TRUE(has(r.err, at + "\"blocks.0.ffn.w2\" in " + weights + " has shape (8, 3) but the model expects (4, 3)"))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "2 problem(s)")) << r.err;
+  // The same file with the matching config loads and runs.
+  EXPECT_EQ(run_cli("forward configs/examples/transformer_layer.yaml --out " + dir + "tl --set model.weights.file=" +
+                    weights).code, 0);
+}
+
 TEST(Cli, HelpForEverySubcommand) {
-  for (const char* sub : {"check", "explain", "forward", "bench", "schema", "version"}) {
+  for (const char* sub : {"check", "explain", "forward", "bench", "export", "schema", "version"}) {
     const Ran r = run_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_TRUE(has(r.out, "Usage")) << sub << ": " << r.out;

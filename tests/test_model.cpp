@@ -473,7 +473,8 @@ TEST(Weights, EveryProblemIsReportedTogether) {
   const std::string& msg = m.status().message();
   EXPECT_NE(msg.find("3 problem(s)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing tensor \"blocks.0.ffn.w2\" (32, 16)"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("tensor \"blocks.0.attn.w_k\" has shape (16, 5) but the model expects (16, 16)"),
+  EXPECT_NE(msg.find(path + ": model.weights.file: tensor \"blocks.0.attn.w_k\" in " + path +
+                     " has shape (16, 5) but the model expects (16, 16)"),
             std::string::npos) << msg;
   EXPECT_NE(msg.find("unexpected tensor \"blocks.0.attn.w_z\""), std::string::npos) << msg;
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
@@ -504,9 +505,34 @@ TEST(Weights, PerHeadTensorsFillTheirColumns) {
   c.weights.inline_tensors["blocks.0.attn.head2.w_q"] = {Tensor::from_vector({4, 1}, {1, 2, 3, 4}), here};
   Result<Model> bad = Model::build(c);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("inline.yaml:3:5 (inline): tensor \"blocks.0.attn.head2.w_q\": head 2 "
-                                        "does not exist (the model has n_heads = 2)"),
+  EXPECT_NE(bad.status().message().find("inline.yaml:3:5: model.weights.inline.blocks.0.attn.head2.w_q: tensor "
+                                        "\"blocks.0.attn.head2.w_q\": head 2 does not exist (the model has n_heads = 2)"),
             std::string::npos) << bad.status().message();
+}
+
+TEST(Weights, InlineHeadsOverlayTheFile) {
+  ModelConfig c = small(4, 2);
+  c.n_layers = 1;
+  const Model a = build(c);
+  const std::string path = ::testing::TempDir() + "tessera_overlay.safetensors";
+  ASSERT_TRUE(a.save(path).ok());
+  c.weights.file = path;
+  c.weights.allow_missing = false;
+  c.weights.inline_tensors["blocks.0.attn.head1.w_k"] = {Tensor::from_vector({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8}), {}};
+  const Model b = build(c);
+  const Tensor wa = *a.parameter("blocks.0.attn.w_k"), wb = *b.parameter("blocks.0.attn.w_k");
+  for (int64_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(wb.at({r, 0}), wa.at({r, 0}));  // head 0 from the file
+    EXPECT_EQ(wb.at({r, 2}), static_cast<float>(2 * r + 1));  // head 1 from the YAML
+    EXPECT_EQ(wb.at({r, 3}), static_cast<float>(2 * r + 2));
+  }
+  // Whole and per head, both inline: refused.
+  c.weights.inline_tensors["blocks.0.attn.w_k"] = {Tensor::zeros({4, 4}), {"x.yaml", 2, 3}};
+  Result<Model> bad = Model::build(c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("\"blocks.0.attn.w_k\" is given both whole and per head"), std::string::npos)
+      << bad.status().message();
+  std::remove(path.c_str());
 }
 
 TEST(Model, RefusesInputsThatDoNotFit) {

@@ -15,6 +15,7 @@ struct CheckArgs {
   std::string file;
   std::vector<std::string> overrides;
   int64_t seq_len = 0, batch = 0;
+  bool params = false;
 };
 
 int run_check(const CheckArgs& a) {
@@ -53,6 +54,13 @@ int run_check(const CheckArgs& a) {
   for (const auto& [name, f] : p.flops_by_part)
     rows.push_back({name, fmt(f * gf, 4, false) + " GFLOP", fmt(100.0 * f / p.flops_per_item, 1, false) + " %"});
   std::printf("%s", table(rows, 2).c_str());
+  if (a.params) {
+    std::printf("# parameters (name, shape, values), in file and initialisation order\n");
+    rows.clear();
+    for (const auto& [name, t] : L->model.parameters())
+      rows.push_back({name, t.shape().str(), fmt_count(static_cast<double>(t.numel()))});
+    std::printf("%s", table(rows, 2).c_str());
+  }
   std::fprintf(stderr, "tessera check: %s is valid\n", a.file.c_str());
   return kExitOk;
 }
@@ -66,6 +74,7 @@ void add_check_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
   cmd->add_option("--seq-len", args->seq_len, "input rows per item for the plan (default: the input's, else bench.seq_len)");
   cmd->add_option("--batch", args->batch, "items per batch for the plan (default: bench.batch)");
+  cmd->add_flag("--params", args->params, "also list every parameter's name and shape");
   cmd->callback([args, run] { *run = [args] { return run_check(*args); }; });
 }
 

@@ -15,9 +15,11 @@ std::optional<Experiment> load(const std::string& file, const std::vector<std::s
   LoadOptions opts;
   opts.overrides = overrides;
   std::optional<Experiment> exp = load_experiment(file, opts, &diags);
-  if (!exp) {
+  if (exp) validate_weights(exp->model, &diags);
+  if (!diags.empty()) {
     std::fprintf(stderr, "%s\n", diags.str().c_str());
     std::fprintf(stderr, "tessera: %zu problem(s) in %s; nothing was run\n", diags.size(), file.c_str());
+    return std::nullopt;
   }
   return exp;
 }

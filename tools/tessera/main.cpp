@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   add_explain_command(app, &run);
   add_forward_command(app, &run);
   add_bench_command(app, &run);
+  add_export_command(app, &run);
   add_schema_command(app, &run);
   add_version(app, &run);
   try {

@@ -102,6 +102,12 @@ struct ParamSpec {
 };
 std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg);
 
+// Checks the tensors that model.weights supplies (inline and the file's header) against the
+// parameters the config asks for: unexpected names, missing tensors (unless allow_missing),
+// shapes and dtypes. Every problem is added at the YAML key that chose the tensor, so a config and
+// its weights are refused together before anything runs. Model::build applies the same checks.
+void validate_weights(const ModelConfig& cfg, Diagnostics* diags);
+
 class Model {
  public:
   // Builds the model. Every parameter comes from, in order: model.weights.inline, then

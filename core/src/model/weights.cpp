@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <sstream>
 
 #include "tessera/model.h"
 #include "tessera/random.h"
@@ -98,151 +97,163 @@ bool parse_head_name(const std::string& name, std::string* full, int64_t* head) 
   return true;
 }
 
-std::string where_str(const Location& w) {
-  if (w.file.empty()) return "";
-  std::ostringstream os;
-  os << w.file;
-  if (w.line > 0) os << ":" << w.line << ":" << w.col;
-  return os.str();
-}
-
-// A supplied tensor and where it came from, for messages.
+// A supplied tensor, where it came from (for messages) and under which key.
 struct Supplied {
   Tensor value;
-  std::string source;    // "model.yaml:12:7 (inline)" or "w.safetensors"
+  Location where;
+  std::string key;       // "model.weights.inline.<name>" or "model.weights.file"
   bool partial = false;  // assembled from some heads only: init fills the others
 };
+
+// What the inline YAML and the weights file supply, by parameter name.
+struct Sources {
+  std::map<std::string, Supplied> whole;
+  std::map<std::string, std::map<int64_t, Supplied>> per_head;  // name -> head -> tensor
+};
+
+// Collects every supplied tensor and reports every problem with names, shapes and dtypes, each at
+// the YAML key that chose the tensor. Reads the weights file's header, not its data.
+Sources gather(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Diagnostics* diags) {
+  std::map<std::string, const ParamSpec*> by_name;
+  for (const auto& s : specs) by_name[s.name] = &s;
+  const std::string& path = cfg.weights.file;
+  const Location file_at = cfg.weights.file_where.file.empty() ? Location{path} : cfg.weights.file_where;
+  const std::string in_file = " in " + path;
+  const char* file_hint = "does the checkpoint match d_model, n_heads, d_k, d_v, d_ff and vocab_size?";
+  Sources src;
+
+  auto offer = [&](const std::string& name, const Tensor& t, const Location& at, const std::string& key,
+                   const std::string& where_text) {
+    std::string full;
+    int64_t head = 0;
+    if (!dtype_is_float(t.dtype())) {
+      diags->add(at, key, "tensor \"" + name + "\"" + where_text + " is " + dtype_name(t.dtype()) +
+                              "; parameters must be f32, bf16 or f16");
+    } else if (by_name.count(name)) {
+      if (!src.whole.count(name)) src.whole[name] = {t, at, key};  // inline wins over the file
+    } else if (parse_head_name(name, &full, &head) && by_name.count(full)) {
+      if (head < 0 || head >= cfg.n_heads)
+        diags->add(at, key, "tensor \"" + name + "\"" + where_text + ": head " + std::to_string(head) +
+                                " does not exist (the model has n_heads = " + std::to_string(cfg.n_heads) + ")");
+      else if (!src.per_head[full].count(head))
+        src.per_head[full][head] = {t, at, key};
+    } else {
+      diags->add(at, key, "unexpected tensor \"" + name + "\"" + where_text + ": the model has no parameter of that name",
+                 "`tessera check --params` lists the model's parameters");
+    }
+  };
+
+  for (const auto& [name, it] : cfg.weights.inline_tensors)
+    offer(name, it.value, it.where.file.empty() ? Location{"<inline>"} : it.where, "model.weights.inline." + name, "");
+  if (!path.empty()) {
+    Result<safetensors::File> f = safetensors::File::open(path);
+    if (!f.ok()) {
+      diags->add(file_at, "model.weights.file", f.status().message());
+      return src;
+    }
+    for (const auto& info : f->tensors()) {
+      Result<Tensor> t = f->get(info.name);
+      if (!t.ok()) diags->add(file_at, "model.weights.file", t.status().message());
+      else offer(info.name, t.value(), file_at, "model.weights.file", in_file);
+    }
+  }
+
+  // Assemble per-head pieces into their full tensors (head h owns columns [h·D, (h+1)·D)). The
+  // base is the whole tensor if one is given, else zeros; inline heads overlay a file's tensor.
+  for (auto& [full, heads] : src.per_head) {
+    const Supplied& first = heads.begin()->second;
+    const ParamSpec& spec = *by_name[full];
+    auto base = src.whole.find(full);
+    const bool has_base = base != src.whole.end();
+    if (has_base && base->second.value.shape() != spec.shape) continue;  // reported below
+    const bool inline_base = has_base && base->second.key != "model.weights.file";
+    const bool is_bias = spec.shape.rank() == 1;
+    const int64_t D = spec.shape[spec.shape.rank() - 1] / cfg.n_heads;
+    const Shape want = is_bias ? Shape{D} : Shape{spec.shape[0], D};
+    Tensor assembled = has_base ? base->second.value.to(DType::f32) : Tensor::zeros(spec.shape);
+    bool complete = has_base;
+    for (int64_t h = 0; h < cfg.n_heads; ++h) {
+      const std::string dot = full.substr(full.rfind('.'));
+      const std::string head_name = full.substr(0, full.rfind('.')) + ".head" + std::to_string(h) + dot;
+      auto it = heads.find(h);
+      if (it == heads.end()) {
+        if (!has_base && !cfg.weights.allow_missing)
+          diags->add(first.where, first.key, "missing tensor \"" + head_name + "\" " + want.str() +
+                                                 " (the other heads of \"" + full + "\" are given)",
+                     "give every head, or set model.weights.allow_missing: true");
+        continue;
+      }
+      const bool inline_head = it->second.key != "model.weights.file";
+      if (inline_base && inline_head) {
+        diags->add(it->second.where, it->second.key, "\"" + full + "\" is given both whole and per head",
+                   "give one or the other");
+        continue;
+      }
+      if (inline_base) continue;  // the inline whole tensor wins over the file's heads
+      if (it->second.value.shape() != want) {
+        diags->add(it->second.where, it->second.key, "tensor \"" + head_name + "\" has shape " +
+                                                         it->second.value.shape().str() + " but the model expects " +
+                                                         want.str());
+        continue;
+      }
+      (is_bias ? assembled.slice(0, h * D, (h + 1) * D) : assembled.slice(1, h * D, (h + 1) * D))
+          .copy_from(it->second.value);
+    }
+    if (!complete) complete = static_cast<int64_t>(heads.size()) == cfg.n_heads;
+    src.whole[full] = {assembled, first.where, first.key, !complete};
+  }
+
+  for (const auto& s : specs) {
+    auto it = src.whole.find(s.name);
+    if (it == src.whole.end()) {
+      if (!cfg.weights.allow_missing)
+        diags->add(path.empty() ? Location{"<weights>"} : file_at, path.empty() ? "model.weights" : "model.weights.file",
+                   "missing tensor \"" + s.name + "\" " + s.shape.str() + (path.empty() ? "" : in_file),
+                   "set model.weights.allow_missing: true to initialise missing tensors");
+    } else if (it->second.value.shape() != s.shape && !it->second.partial) {
+      const bool from_file = it->second.key == "model.weights.file";
+      diags->add(it->second.where, it->second.key,
+                 "tensor \"" + s.name + "\"" + (from_file ? in_file : "") + " has shape " +
+                     it->second.value.shape().str() + " but the model expects " + s.shape.str(),
+                 from_file ? file_hint : "");
+    }
+  }
+  return src;
+}
 
 }  // namespace
 
 Result<std::vector<std::pair<std::string, Tensor>>> resolve_parameters(const ModelConfig& cfg) {
   const std::vector<ParamSpec> specs = parameter_specs(cfg);
-  std::map<std::string, const ParamSpec*> by_name;
-  for (const auto& s : specs) by_name[s.name] = &s;
-
-  std::vector<std::string> problems;
-  std::map<std::string, Supplied> whole;                                  // name -> tensor
-  std::map<std::string, std::map<int64_t, Supplied>> per_head;            // name -> head -> tensor
-
-  auto offer = [&](const std::string& name, const Tensor& t, const std::string& source) {
-    std::string full;
-    int64_t head = 0;
-    if (by_name.count(name)) {
-      if (!whole.count(name)) whole[name] = {t, source};  // inline wins over the file
-    } else if (parse_head_name(name, &full, &head) && by_name.count(full)) {
-      if (head < 0 || head >= cfg.n_heads)
-        problems.push_back(source + ": tensor \"" + name + "\": head " + std::to_string(head) +
-                           " does not exist (the model has n_heads = " + std::to_string(cfg.n_heads) + ")");
-      else if (!per_head[full].count(head)) per_head[full][head] = {t, source};
-    } else {
-      problems.push_back(source + ": unexpected tensor \"" + name +
-                         "\": the model has no parameter of that name (see `tessera check` for the list)");
-    }
-  };
-
-  for (const auto& [name, it] : cfg.weights.inline_tensors)
-    offer(name, it.value, where_str(it.where) + " (inline)");
-
-  std::shared_ptr<safetensors::File> file;
-  if (!cfg.weights.file.empty()) {
-    Result<safetensors::File> f = safetensors::File::open(cfg.weights.file);
-    if (!f.ok()) return f.status();
-    file = std::make_shared<safetensors::File>(std::move(f).value());
-    for (const auto& info : file->tensors()) {
-      Result<Tensor> t = file->get(info.name);
-      if (!t.ok()) {
-        problems.push_back(t.status().message());
-        continue;
-      }
-      offer(info.name, t.value(), cfg.weights.file);
-    }
-  }
-
-  // Assemble per-head pieces into their full tensors (columns [h·D, (h+1)·D)).
-  for (auto& [full, heads] : per_head) {
-    if (whole.count(full)) {
-      problems.push_back(heads.begin()->second.source + ": \"" + full +
-                         "\" is given both whole and per head; give one or the other");
-      continue;
-    }
-    const ParamSpec& spec = *by_name[full];
-    const bool is_bias = spec.shape.rank() == 1;
-    const int64_t D = spec.shape[spec.shape.rank() - 1] / cfg.n_heads;
-    const Shape want = is_bias ? Shape{D} : Shape{spec.shape[0], D};
-    Tensor assembled = Tensor::zeros(spec.shape);
-    bool complete = true;
-    for (int64_t h = 0; h < cfg.n_heads; ++h) {
-      auto it = heads.find(h);
-      const std::string head_name = full.substr(0, full.rfind('.')) + ".head" + std::to_string(h) +
-                                    full.substr(full.rfind('.'));
-      if (it == heads.end()) {
-        complete = false;
-        if (!cfg.weights.allow_missing)
-          problems.push_back("missing tensor \"" + head_name + "\" " + want.str() +
-                             " (the other heads of \"" + full + "\" are given)");
-        continue;
-      }
-      if (it->second.value.shape() != want) {
-        problems.push_back(it->second.source + ": tensor \"" + head_name + "\" has shape " +
-                           it->second.value.shape().str() + " but the model expects " + want.str());
-        continue;
-      }
-      Tensor dst = is_bias ? assembled.slice(0, h * D, (h + 1) * D)
-                           : assembled.slice(1, h * D, (h + 1) * D);
-      dst.copy_from(it->second.value);
-    }
-    whole[full] = {assembled, heads.begin()->second.source, !complete};
-  }
-
-  for (const auto& s : specs) {
-    auto it = whole.find(s.name);
-    if (it == whole.end()) {
-      if (!cfg.weights.allow_missing)
-        problems.push_back("missing tensor \"" + s.name + "\" " + s.shape.str() +
-                           (cfg.weights.file.empty() ? "" : " in " + cfg.weights.file));
-      continue;
-    }
-    if (it->second.value.shape() != s.shape)
-      problems.push_back(it->second.source + ": tensor \"" + s.name + "\" has shape " +
-                         it->second.value.shape().str() + " but the model expects " + s.shape.str());
-    else if (!dtype_is_float(it->second.value.dtype()))
-      problems.push_back(it->second.source + ": tensor \"" + s.name + "\" is " +
-                         dtype_name(it->second.value.dtype()) + "; parameters must be f32, bf16 or f16");
-  }
-  if (!problems.empty()) {
-    std::string msg = std::to_string(problems.size()) + " problem(s) with the model's weights:";
-    for (const auto& p : problems) msg += "\n  " + p;
-    return Status::Invalid(msg);
-  }
+  Diagnostics diags;
+  Sources src = gather(cfg, specs, &diags);
+  if (!diags.empty())
+    return Status::Invalid(std::to_string(diags.size()) + " problem(s) with the model's weights:\n" + diags.str());
 
   // Seeded init draws every matrix in spec order whenever anything is initialised, so a tensor's
   // initial values never depend on which other tensors were supplied.
   bool need_init = false;
   for (const auto& s : specs) {
-    auto it = whole.find(s.name);
-    need_init = need_init || it == whole.end() || it->second.partial;
+    auto it = src.whole.find(s.name);
+    need_init = need_init || it == src.whole.end() || it->second.partial;
   }
   Rng rng(cfg.init.seed);
   std::vector<std::pair<std::string, Tensor>> params;
   params.reserve(specs.size());
   for (const auto& s : specs) {
-    auto it = whole.find(s.name);
-    const bool partial = it != whole.end() && it->second.partial;
+    auto it = src.whole.find(s.name);
     Tensor t;
     if (need_init) {
       t = Tensor::empty(s.shape);
       init_parameter(s, cfg.init, rng, t);
     }
-    if (it != whole.end() && !partial) {
+    if (it != src.whole.end() && !it->second.partial) {
       t = it->second.value;  // zero-copy when it comes from the file
-    } else if (partial) {
-      const auto& heads = per_head[s.name];
+    } else if (it != src.whole.end()) {
       const bool is_bias = s.shape.rank() == 1;
       const int64_t D = s.shape[s.shape.rank() - 1] / cfg.n_heads;
-      for (const auto& [h, sup] : heads) {
-        Tensor dst = is_bias ? t.slice(0, h * D, (h + 1) * D) : t.slice(1, h * D, (h + 1) * D);
-        dst.copy_from(sup.value);
-      }
+      for (const auto& [h, sup] : src.per_head[s.name])
+        (is_bias ? t.slice(0, h * D, (h + 1) * D) : t.slice(1, h * D, (h + 1) * D)).copy_from(sup.value);
     }
     params.emplace_back(s.name, t);
   }
@@ -269,4 +280,9 @@ void init_parameter(const ParamSpec& s, const InitConfig& init, Rng& rng, Tensor
 }
 
 }  // namespace model
+
+void validate_weights(const ModelConfig& cfg, Diagnostics* diags) {
+  model::gather(cfg, parameter_specs(cfg), diags);
+}
+
 }  // namespace tessera
