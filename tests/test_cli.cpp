@@ -2,6 +2,7 @@
 // .npy outputs of `forward`, error messages and exit codes. Runs the built binary.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -22,7 +23,10 @@ struct Ran {
 };
 
 Ran run_cli(const std::string& args) {
-  const std::string err_file = ::testing::TempDir() + "tessera_cli_stderr.txt";
+  // One file per process and call: ctest runs the tests of this suite in parallel.
+  static int calls = 0;
+  const std::string err_file = ::testing::TempDir() + "tessera_cli_stderr." + std::to_string(getpid()) + "." +
+                               std::to_string(calls++) + ".txt";
   const std::string cmd = "cd " + kSrc + " && " + kTessera + " " + args + " 2>" + err_file;
   Ran r;
   FILE* p = popen(cmd.c_str(), "r");
@@ -34,6 +38,7 @@ Ran run_cli(const std::string& args) {
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   std::ifstream f(err_file);
   r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  std::remove(err_file.c_str());
   return r;
 }
 

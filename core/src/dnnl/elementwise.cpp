@@ -21,19 +21,6 @@ Tensor dense_input(const Tensor& t, const Tensor& y, onednn::Slot slot) {
   return c;
 }
 
-dnnl::algorithm eltwise_alg(Activation a) {
-  switch (a) {
-    case Activation::relu:
-      return dnnl::algorithm::eltwise_relu;
-    case Activation::gelu_erf:
-      return dnnl::algorithm::eltwise_gelu_erf;
-    case Activation::gelu_tanh:
-      return dnnl::algorithm::eltwise_gelu_tanh;
-    case Activation::none:
-      break;
-  }
-  return dnnl::algorithm::undef;
-}
 
 }  // namespace
 
@@ -70,7 +57,7 @@ Status add(const Tensor& a, const Tensor& b, Tensor& y) {
 Status activation(Activation act, const Tensor& x, Tensor& y) {
   static constexpr const char* op = "ops::activation";
   TSR_RETURN_IF_ERROR(detail::check_same_shape(op, x, y));
-  if (act != Activation::none && eltwise_alg(act) == dnnl::algorithm::undef)
+  if (act != Activation::none && onednn::eltwise_alg(act) == dnnl::algorithm::undef)
     return Status::Invalid(std::string(op) + ": unknown activation " + std::to_string(static_cast<int>(act)));
   if (x.numel() == 0 || (onednn::same_view(x, y) && act == Activation::none)) return Status::Ok();
   onednn::apply_threads();
@@ -88,7 +75,7 @@ Status activation(Activation act, const Tensor& x, Tensor& y) {
     const auto prim = onednn::cached(onednn::Key("eltwise") << static_cast<int64_t>(act) << n, [&] {
       // memory descriptor: the elements as one dense run; eltwise needs no shape
       const memory::desc md = onednn::dense_md({n}, memory::data_type::f32);
-      const dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, eltwise_alg(act), md, 0.f, 0.f);
+      const dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, onednn::eltwise_alg(act), md, 0.f, 0.f);
       onednn::Prim p = onednn::make_prim<dnnl::eltwise_forward::primitive_desc, dnnl::eltwise_forward>(
           dnnl::eltwise_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
       p.mds = {md};

@@ -371,6 +371,20 @@ int64_t row_offset(const Tensor& t, int64_t r) {
 }
 }  // namespace
 
+dnnl::algorithm eltwise_alg(Activation a) {
+  switch (a) {
+    case Activation::relu:
+      return dnnl::algorithm::eltwise_relu;
+    case Activation::gelu_erf:
+      return dnnl::algorithm::eltwise_gelu_erf;
+    case Activation::gelu_tanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+    case Activation::none:
+      break;
+  }
+  return dnnl::algorithm::undef;
+}
+
 void convert(const Tensor& src, Tensor& dst, bool round_bf16) {
   TSR_CHECK(src.shape() == dst.shape(), "convert: shapes differ");
   if (src.numel() == 0) return;

@@ -29,19 +29,6 @@ enum class Residual : int64_t {
   sum = 2,     // post-op sum: r already sits in dst (y aliases r), dst = result + dst
 };
 
-dnnl::algorithm eltwise_alg(Activation a) {
-  switch (a) {
-    case Activation::relu:
-      return dnnl::algorithm::eltwise_relu;
-    case Activation::gelu_erf:
-      return dnnl::algorithm::eltwise_gelu_erf;
-    case Activation::gelu_tanh:
-      return dnnl::algorithm::eltwise_gelu_tanh;
-    case Activation::none:
-      break;
-  }
-  return dnnl::algorithm::undef;
-}
 
 bool valid_activation(Activation a) {
   return a == Activation::none || a == Activation::relu || a == Activation::gelu_erf ||
@@ -59,7 +46,7 @@ struct Shapes {
 dnnl::primitive_attr linear_attr(const Shapes& s) {
   dnnl::primitive_attr attr = onednn::base_attr();
   dnnl::post_ops po;
-  if (s.act != Activation::none) po.append_eltwise(1.f, eltwise_alg(s.act), 0.f, 0.f);
+  if (s.act != Activation::none) po.append_eltwise(1.f, onednn::eltwise_alg(s.act), 0.f, 0.f);
   if (s.residual == Residual::binary) po.append_binary(dnnl::algorithm::binary_add, s.res);
   if (s.residual == Residual::sum) po.append_sum(1.f);
   attr.set_post_ops(po);

@@ -134,6 +134,9 @@ bool overlaps(const Tensor& a, const Tensor& b);   // their byte ranges intersec
 // even), also into an f32 destination. Parallel over rows.
 void convert(const Tensor& src, Tensor& dst, bool round_bf16 = false);
 
+// The eltwise algorithm of an activation; undef for Activation::none.
+dnnl::algorithm eltwise_alg(Activation a);
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 

@@ -59,8 +59,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   const bool relative = L.positions.kind == PositionKind::relative;
   const int64_t kmax = L.positions.max_distance, R = 2 * kmax + 1;
   if (relative) {
-    const Tensor rk = L.rel_k.to(DType::f32);
-    const float* a = rk.data<float>();
+    const float* a = L.rel_k.data<float>();  // (2k+1, dk), f32 contiguous since build
     const float* qp = q.data<float>();
     const int64_t qb = q.stride(0), qh = q.stride(1), qt = q.stride(2);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -113,8 +112,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   Tensor heads = concat.unflatten(2, H, dv).transpose(1, 2);  // (B, H, T, dv) view
   TSR_RETURN_IF_ERROR(ex.matmul(scores, v, heads));
   if (relative) {  // O_i += Σ_j A_ij a^V_{clip(j - i)}
-    const Tensor rv = L.rel_v.to(DType::f32);
-    const float* a = rv.data<float>();
+    const float* a = L.rel_v.data<float>();  // (2k+1, dv)
     float* hp = heads.data<float>();
     const int64_t hb = heads.stride(0), hh = heads.stride(1), ht = heads.stride(2);
 #pragma omp parallel for collapse(2) schedule(static)
