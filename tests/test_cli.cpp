@@ -103,6 +103,17 @@ TEST(Cli, CheckPrintsResolvedConfigAndPlan) {
   EXPECT_TRUE(has(n.out, "attention scores per head    25  (n^2, n = 5)")) << n.out;
 }
 
+TEST(Cli, CheckPrintsTheNSquaredTable) {
+  // The deck's table: n tokens, n^2 scores per head; doubling n multiplies the count by four.
+  const std::pair<const char*, const char*> table[] = {
+      {"4", "16"}, {"8", "64"}, {"128", "16,384"}, {"1024", "1,048,576"}};
+  for (const auto& [n, n2] : table) {
+    const Ran r = run_cli(std::string("check configs/examples/exercise_n5.yaml --seq-len ") + n);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(has(r.out, std::string("attention scores per head ") + n2 + " (n^2, n = " + n + ")")) << r.out;
+  }
+}
+
 TEST(Cli, ForwardWritesNpy) {
   const std::string out = ::testing::TempDir() + "tessera_cli_forward";
   std::filesystem::remove_all(out);
