@@ -40,18 +40,23 @@ cmake --build "$build/release" -j "$jobs"
 tessera="$build/release/tessera"
 
 if [ "$mode" = demo ]; then
-  set -x
-  "$tessera" version
-  "$tessera" explain configs/examples/red_ball_rolls.yaml --fractions
-  "$tessera" explain configs/examples/two_heads.yaml --head 1 --fractions
-  "$tessera" explain configs/examples/scaling.yaml --row 0
-  "$tessera" explain configs/examples/crane_lake.yaml --row 0
-  "$tessera" check configs/examples/exercise_n5.yaml
-  "$tessera" forward configs/examples/transformer_layer.yaml --out runs/transformer_layer --dump blocks.0.attn.weights
-  "$tessera" check configs/bench/vit_b16.yaml
-  "$tessera" bench configs/bench/vit_b16.yaml --reps 3 --warmup 1
-  set +x
-  echo "demo: done. Outputs of the forward pass are in runs/transformer_layer/ (.npy files)." >&2
+  step() { printf '\n=== %s\n$ %s\n\n' "$1" "${*:2}"; "${@:2}"; }
+  step "The runtime" "$tessera" version
+  step "red / ball / rolls: one causal head by hand" \
+    "$tessera" explain configs/examples/red_ball_rolls.yaml --fractions
+  step "A second head, W_O and the residual" "$tessera" explain configs/examples/two_heads.yaml --head 1 --fractions
+  step "Scaling by sqrt(d_k): (0.731, 0.269) instead of (0.881, 0.119)" \
+    "$tessera" explain configs/examples/scaling.yaml --row 0
+  step "crane / lake" "$tessera" explain configs/examples/crane_lake.yaml --row 0
+  step "The n = 5 exercise: resolved config and plan" "$tessera" check configs/examples/exercise_n5.yaml
+  step "One post-LN Transformer layer, outputs as .npy" \
+    "$tessera" forward configs/examples/transformer_layer.yaml --out runs/transformer_layer --dump blocks.0.attn.weights
+  step "A ViT-B/16-shaped model: plan" "$tessera" check configs/bench/vit_b16.yaml
+  step "A ViT-B/16-shaped model: a real-size forward pass, timed" \
+    "$tessera" bench configs/bench/vit_b16.yaml --reps 3 --warmup 1
+  echo
+  echo "demo: done. The forward pass wrote .npy files to runs/transformer_layer/;" \
+       "configs/examples/ holds the lectures' examples, docs/ the configuration and performance notes."
   exit 0
 fi
 

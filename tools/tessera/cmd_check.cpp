@@ -28,9 +28,8 @@ int run_check(const CheckArgs& a) {
                   : e.bench.seq_len;
   const int64_t B = a.batch > 0 ? a.batch : e.bench.batch;
   const Plan p = make_plan(e.model, T);
-  const double gf = 1e-9;
 
-  std::printf("# %s: resolved configuration, every default filled in\n%s\n", a.file.c_str(), to_yaml(e).c_str());
+  std::printf("%s\n", to_yaml(e).c_str());
   std::printf("# plan for %lld input rows per item, batch %lld (f32 activations)\n",
               static_cast<long long>(T), static_cast<long long>(B));
   std::vector<std::vector<std::string>> rows = {
@@ -38,8 +37,8 @@ int run_check(const CheckArgs& a) {
                             (p.rows != T ? "  (" + std::to_string(T) + " input rows + CLS)" : "")},
       {"parameters", fmt_count(static_cast<double>(p.parameters)) + "  (" +
                          fmt_bytes(static_cast<double>(p.parameter_bytes)) + " as " + dtype_name(e.model.dtype) + ")"},
-      {"FLOPs per item", fmt(p.flops_per_item * gf, 3, false) + " GFLOP"},
-      {"FLOPs per batch", fmt(p.flops_per_item * gf * static_cast<double>(B), 3, false) + " GFLOP"},
+      {"FLOPs per item", fmt_flops(p.flops_per_item)},
+      {"FLOPs per batch", fmt_flops(p.flops_per_item * static_cast<double>(B))},
       {"activation memory per item", fmt_bytes(static_cast<double>(p.activation_bytes_per_item))},
       {"activation memory per batch", fmt_bytes(static_cast<double>(p.activation_bytes_per_item * B))},
       {"attention scores per head", fmt_count(static_cast<double>(p.score_entries_per_head)) + "  (n^2, n = " +
@@ -52,7 +51,7 @@ int run_check(const CheckArgs& a) {
   std::printf("# FLOPs per item by part\n");
   rows.clear();
   for (const auto& [name, f] : p.flops_by_part)
-    rows.push_back({name, fmt(f * gf, 4, false) + " GFLOP", fmt(100.0 * f / p.flops_per_item, 1, false) + " %"});
+    rows.push_back({name, fmt_flops(f), fmt(100.0 * f / p.flops_per_item, 1, false) + " %"});
   std::printf("%s", table(rows, 2).c_str());
   if (a.params) {
     std::printf("# parameters (name, shape, values), in file and initialisation order\n");

@@ -142,6 +142,16 @@ std::string fmt_bytes(double v) {
   return buf;
 }
 
+std::string fmt_flops(double v) {
+  const char* units[] = {"FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP"};
+  int u = 0;
+  while (v >= 1000 && u < 4) {
+    v /= 1000;
+    ++u;
+  }
+  return fmt(v, u == 0 ? 0 : 3, false) + " " + units[u];
+}
+
 std::string table(const std::vector<std::vector<std::string>>& rows, int indent) {
   std::vector<size_t> width;
   for (const auto& r : rows)

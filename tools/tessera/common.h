@@ -39,6 +39,7 @@ Batch random_batch(const ModelConfig& cfg, int64_t batch, int64_t seq_len, uint6
 std::string fmt(double v, int digits, bool fractions);
 std::string fmt_count(double v);  // 86,389,248
 std::string fmt_bytes(double v);  // 12.3 MiB
+std::string fmt_flops(double v);  // 280 FLOP, 3.5 MFLOP, 281 GFLOP
 
 // Left-aligned columns, two spaces apart.
 std::string table(const std::vector<std::vector<std::string>>& rows, int indent = 2);
