@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_util.h"
 #include "tessera/fileio.h"
 #include "tessera/npy.h"
 
@@ -43,16 +44,8 @@ Status refusal(const std::string& bytes) {
   return t.status();
 }
 
-std::string hex_decode(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-  return out;
-}
-
-std::string bytes_of(const Tensor& t) {
-  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-}
+using testing_util::bytes_of;
+using testing_util::hex_decode;
 
 const std::string kF32x6(24, '\0');
 

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_util.h"
 #include "tessera/safetensors.h"
 
 using namespace tessera;
@@ -63,16 +64,8 @@ Status refusal(const std::string& header, const std::string& buffer) {
   return refusal(file_bytes(header, buffer));
 }
 
-std::string hex_decode(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-  return out;
-}
-
-std::string bytes_of(const Tensor& t) {
-  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-}
+using testing_util::bytes_of;
+using testing_util::hex_decode;
 
 // The path of the file mapped at address p, from /proc/self/maps ("" if none).
 std::string mapped_path_at(const void* p) {
