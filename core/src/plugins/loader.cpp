@@ -1,0 +1,342 @@
+// Loading plugins: dlopen, the exact ABI check, reading the plugin's description, searching the
+// plugin path, and running encoders with every returned row checked before the host trusts it.
+// The plugins themselves live in plugins/; this file sees them only through plugin.h.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "tessera/plugins.h"
+
+// The released layout of the ABI, frozen: a change here is an ABI break (bump the version).
+static_assert(offsetof(tsr_error, code) == 4 && offsetof(tsr_error, message) == 8 &&
+              offsetof(tsr_error, option) == 8 + TSR_MESSAGE_CAPACITY);
+static_assert(offsetof(tsr_option_spec, name) == 8 && offsetof(tsr_option_spec, type) == 16 &&
+              offsetof(tsr_option_spec, choices) == 40 && sizeof(tsr_option_spec) == 48);
+static_assert(offsetof(tsr_plugin_info, options) == 40 && offsetof(tsr_plugin_info, extensions) == 56 &&
+              sizeof(tsr_plugin_info) == 64);
+static_assert(offsetof(tsr_encoder_info, vocab_size) == 16 && offsetof(tsr_encoder_info, max_rows) == 32 &&
+              sizeof(tsr_encoder_info) == 40);
+static_assert(offsetof(tsr_item, data) == 24 && offsetof(tsr_item, source_line) == 48 && sizeof(tsr_item) == 56);
+static_assert(sizeof(tsr_provenance) == 40 && offsetof(tsr_provenance, x0) == 8);
+static_assert(offsetof(tsr_picture, pixels) == 16 && sizeof(tsr_picture) == 56);
+static_assert(offsetof(tsr_rows, ids) == 16 && offsetof(tsr_rows, provenance) == 48 &&
+              offsetof(tsr_rows, picture) == 64 && offsetof(tsr_rows, label) == 120 && sizeof(tsr_rows) == 128);
+static_assert(offsetof(tsr_plugin, create) == 16 && offsetof(tsr_plugin, decode) == 56 && sizeof(tsr_plugin) == 64);
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+const char* option_type_name(tsr_option_type t) {
+  switch (t) {
+    case TSR_OPT_BOOL: return "bool";
+    case TSR_OPT_INT: return "int";
+    case TSR_OPT_FLOAT: return "float";
+    case TSR_OPT_STRING: return "string";
+    case TSR_OPT_PATH: return "path";
+    case TSR_OPT_ENUM: return "enum";
+    case TSR_OPT_FLOAT_LIST: return "float list";
+    case TSR_OPT_INT_LIST: return "int list";
+  }
+  return "?";
+}
+
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t at = s.find(sep, start);
+    const std::string part = s.substr(start, at == std::string::npos ? std::string::npos : at - start);
+    if (!part.empty()) out.push_back(part);
+    if (at == std::string::npos) break;
+    start = at + 1;
+  }
+  return out;
+}
+
+std::string str_or(const char* s, const char* fallback = "") { return s ? s : fallback; }
+
+Code code_of(int32_t c) {
+  return c >= 1 && c <= 7 ? static_cast<Code>(c) : Code::internal;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Plugin
+
+Result<std::shared_ptr<const Plugin>> Plugin::load(const std::string& file) {
+  const std::string hint = " (rebuild the plugin against this Tessera's tessera/plugin.h)";
+  if (!fs::is_regular_file(file)) return Status::NotFound(file + ": no such plugin file");
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) return Status::Invalid(file + ": cannot load: " + str_or(dlerror(), "dlopen failed"));
+  std::shared_ptr<Plugin> p(new Plugin);
+  p->handle_ = handle;  // closed by ~Plugin from here on
+  p->file_ = file;
+  auto entry = reinterpret_cast<tsr_plugin_entry_fn>(dlsym(handle, TSR_PLUGIN_ENTRY_SYMBOL));
+  if (!entry)
+    return Status::Invalid(file + ": not a Tessera plugin: it does not export " TSR_PLUGIN_ENTRY_SYMBOL);
+  const tsr_plugin* t = entry(TSR_PLUGIN_ABI_VERSION);
+  if (!t) return Status::Invalid(file + ": " TSR_PLUGIN_ENTRY_SYMBOL " returned no table");
+  if (t->abi_version != TSR_PLUGIN_ABI_VERSION)
+    return Status::Unsupported(file + ": built for plugin ABI version " + std::to_string(t->abi_version) +
+                               ", but this Tessera speaks ABI version " + std::to_string(TSR_PLUGIN_ABI_VERSION) + hint);
+  if (t->size < sizeof(tsr_plugin))
+    return Status::Unsupported(file + ": its function table has " + std::to_string(t->size) + " bytes, fewer than the " +
+                               std::to_string(sizeof(tsr_plugin)) + " of ABI version " +
+                               std::to_string(TSR_PLUGIN_ABI_VERSION) + hint);
+  const tsr_plugin_info* info = t->info;
+  if (!info || info->size < sizeof(tsr_plugin_info))
+    return Status::Unsupported(file + ": its tsr_plugin_info is missing or too small" + hint);
+  if (!t->create || !t->destroy || !t->describe || !t->encode || !t->release || !t->decode)
+    return Status::Invalid(file + ": its function table has empty entries");
+  p->table_ = t;
+  p->name_ = str_or(info->name);
+  p->modality_ = str_or(info->modality);
+  p->version_ = str_or(info->version);
+  p->description_ = str_or(info->description);
+  p->input_kind_ = info->input_kind == TSR_INPUT_TEXT ? TSR_INPUT_TEXT : TSR_INPUT_FILE;
+  for (const std::string& e : split(str_or(info->extensions), '|')) p->extensions_.push_back(e);
+  if (p->name_.empty() || p->modality_.empty())
+    return Status::Invalid(file + ": the plugin does not say its name and modality");
+  const std::string expect = "libtessera_" + p->name_ + ".so";
+  if (fs::path(file).filename() != expect)
+    return Status::Invalid(file + ": the plugin calls itself \"" + p->name_ + "\", so its file must be named " + expect);
+  for (uint32_t i = 0; i < info->n_options; ++i) {
+    const tsr_option_spec& o = info->options[i];
+    if (o.size < sizeof(tsr_option_spec) || !o.name)
+      return Status::Invalid(file + ": option " + std::to_string(i) + " is malformed");
+    PluginOptionSpec spec;
+    spec.name = o.name;
+    spec.type = static_cast<tsr_option_type>(o.type);
+    if (o.type > TSR_OPT_INT_LIST) return Status::Invalid(file + ": option " + spec.name + " has an unknown type");
+    if (o.default_value) spec.default_value = o.default_value;
+    spec.meaning = str_or(o.meaning);
+    spec.choices = split(str_or(o.choices), '|');
+    if (spec.type == TSR_OPT_ENUM && spec.choices.empty())
+      return Status::Invalid(file + ": enum option " + spec.name + " lists no choices");
+    p->options_.push_back(std::move(spec));
+  }
+  return std::shared_ptr<const Plugin>(std::move(p));
+}
+
+Plugin::~Plugin() {
+  if (handle_) dlclose(handle_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Search
+
+std::vector<std::string> plugin_search_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("TESSERA_PLUGIN_PATH"))
+    for (const std::string& d : split(env, ':')) dirs.push_back(d);
+#ifdef TESSERA_BUILD_PLUGIN_DIR
+  dirs.push_back(TESSERA_BUILD_PLUGIN_DIR);
+#endif
+#ifdef TESSERA_INSTALL_PLUGIN_DIR
+  dirs.push_back(TESSERA_INSTALL_PLUGIN_DIR);
+#endif
+  return dirs;
+}
+
+Result<std::string> find_plugin(const std::string& name, const std::vector<std::string>& dirs) {
+  std::vector<std::string> all = dirs;
+  for (const std::string& d : plugin_search_dirs()) all.push_back(d);
+  const std::string leaf = "libtessera_" + name + ".so";
+  for (const std::string& d : all) {
+    const fs::path p = fs::path(d) / leaf;
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) return fs::absolute(p, ec).lexically_normal().string();
+  }
+  std::string where;
+  for (const std::string& d : all) where += (where.empty() ? "" : ", ") + d;
+  return Status::NotFound("no plugin named \"" + name + "\": " + leaf + " is in none of " +
+                          (where.empty() ? std::string("the search directories") : where) +
+                          " (set TESSERA_PLUGIN_PATH, or give the plugin's path; `tessera plugins` lists what is found)");
+}
+
+PluginScan scan_plugins(const std::vector<std::string>& dirs) {
+  PluginScan scan;
+  std::vector<std::string> seen;
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(d, ec)) {
+      const std::string leaf = entry.path().filename().string();
+      if (leaf.rfind("libtessera_", 0) == 0 && entry.path().extension() == ".so") files.push_back(entry.path().string());
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      const std::string leaf = fs::path(f).filename().string();
+      if (std::find(seen.begin(), seen.end(), leaf) != seen.end()) {
+        scan.refused.push_back({f, "shadowed by an earlier " + leaf + " in the search path"});
+        continue;
+      }
+      seen.push_back(leaf);
+      Result<std::shared_ptr<const Plugin>> p = Plugin::load(f);
+      if (p.ok()) scan.found.push_back({(*p)->name(), (*p)->modality(), (*p)->version(), f});
+      else scan.refused.push_back({f, p.status().message()});
+    }
+  }
+  return scan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoder
+
+struct Encoder::State {
+  std::shared_ptr<const Plugin> plugin;
+  void* instance = nullptr;
+  tsr_encoder_info info{};
+  ~State() {
+    if (instance) plugin->table()->destroy(instance);
+  }
+};
+
+namespace {
+
+tsr_error fresh_error() {
+  tsr_error e;
+  std::memset(&e, 0, sizeof e);
+  e.size = sizeof e;
+  return e;
+}
+
+std::string plugin_label(const Plugin& p) { return "plugin " + p.name() + " (" + p.file() + ")"; }
+
+// Copies one sequence out of the plugin's memory, checking everything the host relies on.
+Result<TokenRows> take_rows(const tsr_rows& r, const tsr_encoder_info& info, const std::string& who) {
+  auto bad = [&](const std::string& what) {
+    return Status::Internal(who + " returned malformed rows: " + what + " (a bug in the plugin)");
+  };
+  if (r.size < sizeof(tsr_rows)) return bad("tsr_rows is too small");
+  if (r.kind != info.rows_kind) return bad("rows of another kind than the encoder described");
+  if (r.n_rows == 0) return bad("an empty sequence");
+  if (!r.positions || !r.roles || !r.provenance) return bad("missing positions, roles or provenance");
+  TokenRows t;
+  t.kind = static_cast<tsr_rows_kind>(r.kind);
+  const size_t n = r.n_rows;
+  if (r.kind == TSR_ROWS_IDS) {
+    if (!r.ids) return bad("no ids");
+    t.ids.assign(r.ids, r.ids + n);
+    for (size_t i = 0; i < n; ++i)
+      if (t.ids[i] < 0 || t.ids[i] >= info.vocab_size)
+        return bad("id " + std::to_string(t.ids[i]) + " at row " + std::to_string(i) + " is outside [0, " +
+                   std::to_string(info.vocab_size) + ")");
+  } else {
+    if (!r.features || r.width != info.width) return bad("no features, or rows of another width");
+    t.features = Tensor::empty({static_cast<int64_t>(n), static_cast<int64_t>(r.width)});
+    std::memcpy(t.features.raw_data(), r.features, t.features.nbytes());
+    const float* f = t.features.data<float>();
+    for (int64_t i = 0; i < t.features.numel(); ++i)
+      if (!std::isfinite(f[i])) return bad("a non-finite feature value in row " + std::to_string(i / r.width));
+  }
+  t.positions.resize(n);
+  for (size_t i = 0; i < n; ++i) t.positions[i] = {r.positions[2 * i], r.positions[2 * i + 1]};
+  t.roles.assign(r.roles, r.roles + n);
+  for (size_t i = 0; i < n; ++i)
+    if (t.roles[i] > TSR_ROLE_UNK) return bad("unknown role " + std::to_string(t.roles[i]) + " at row " + std::to_string(i));
+  t.provenance.assign(r.provenance, r.provenance + n);
+  t.grid_rows = static_cast<int>(r.grid_rows);
+  t.grid_cols = static_cast<int>(r.grid_cols);
+  const tsr_picture& pic = r.picture;
+  if (pic.size >= sizeof(tsr_picture) && pic.width > 0 && pic.height > 0) {
+    if (!pic.pixels || (pic.channels != 1 && pic.channels != 3)) return bad("a picture without pixels or of 2 or 4 channels");
+    t.picture.width = static_cast<int>(pic.width);
+    t.picture.height = static_cast<int>(pic.height);
+    t.picture.channels = static_cast<int>(pic.channels);
+    t.picture.pixels.assign(pic.pixels, pic.pixels + static_cast<size_t>(pic.width) * pic.height * pic.channels);
+    t.picture.x0 = pic.x0;
+    t.picture.x1 = pic.x1;
+    t.picture.y0 = pic.y0;
+    t.picture.y1 = pic.y1;
+  }
+  t.label = str_or(r.label);
+  return t;
+}
+
+}  // namespace
+
+const Plugin& Encoder::plugin() const { return *state_->plugin; }
+const tsr_encoder_info& Encoder::info() const { return state_->info; }
+
+Result<Encoder> Encoder::create(std::shared_ptr<const Plugin> plugin,
+                                const std::vector<std::pair<std::string, std::string>>& options) {
+  std::vector<tsr_option_value> values;
+  for (const auto& [name, value] : options) values.push_back({sizeof(tsr_option_value), name.c_str(), value.c_str()});
+  auto state = std::make_shared<State>();
+  state->plugin = plugin;
+  tsr_error err = fresh_error();
+  const tsr_plugin* t = plugin->table();
+  const int32_t rc = t->create(values.data(), static_cast<uint32_t>(values.size()), &state->instance, &err);
+  if (rc != TSR_OK) {
+    state->instance = nullptr;
+    const std::string option = err.option[0] ? std::string("option ") + err.option + ": " : "";
+    return Status(code_of(rc), plugin_label(*plugin) + ": " + option + err.message);
+  }
+  state->info.size = sizeof(tsr_encoder_info);
+  err = fresh_error();
+  if (t->describe(state->instance, &state->info, &err) != TSR_OK)
+    return Status(code_of(err.code), plugin_label(*plugin) + ": " + err.message);
+  const tsr_encoder_info& i = state->info;
+  if ((i.rows_kind == TSR_ROWS_IDS && i.vocab_size <= 0) || (i.rows_kind == TSR_ROWS_FEATURES && i.width == 0) ||
+      i.rows_kind > TSR_ROWS_FEATURES)
+    return Status::Internal(plugin_label(*plugin) + ": describes its rows inconsistently (a bug in the plugin)");
+  Encoder e;
+  e.state_ = std::move(state);
+  return e;
+}
+
+Result<std::vector<TokenRows>> Encoder::encode(const PluginItem& item) const {
+  const tsr_plugin* t = state_->plugin->table();
+  const tsr_item in{sizeof(tsr_item), item.id.c_str(), item.source.empty() ? nullptr : item.source.c_str(),
+                    reinterpret_cast<const uint8_t*>(item.data.data()), item.data.size(), item.source_offset,
+                    item.source_line};
+  tsr_error err = fresh_error();
+  tsr_encoding* enc = nullptr;
+  const int32_t rc = t->encode(state_->instance, &in, &enc, &err);
+  if (rc != TSR_OK) return Status(code_of(rc), err.message);
+  const std::string who = plugin_label(*state_->plugin);
+  std::vector<TokenRows> out;
+  Status problem;
+  if (!enc || enc->size < sizeof(tsr_encoding) || enc->n_sequences == 0 || !enc->sequences) {
+    problem = Status::Internal(who + " returned no sequences for " + item.id + " (a bug in the plugin)");
+  } else {
+    for (uint32_t s = 0; s < enc->n_sequences && problem.ok(); ++s) {
+      Result<TokenRows> r = take_rows(enc->sequences[s], state_->info, who);
+      if (r.ok()) out.push_back(std::move(r).value());
+      else problem = r.status();
+    }
+  }
+  if (enc) t->release(state_->instance, enc);
+  if (!problem.ok()) return problem;
+  return out;
+}
+
+Result<std::string> Encoder::decode(const std::vector<int32_t>& ids) const {
+  const tsr_plugin* t = state_->plugin->table();
+  std::string text(256, '\0');
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    tsr_error err = fresh_error();
+    size_t length = 0;
+    const int32_t rc = t->decode(state_->instance, ids.data(), ids.size(), text.data(), text.size(), &length, &err);
+    if (rc == TSR_OK) {
+      text.resize(length);
+      return text;
+    }
+    if (rc != TSR_OUT_OF_RANGE || length + 1 <= text.size())
+      return Status(code_of(rc), plugin_label(*state_->plugin) + ": " + err.message);
+    text.assign(length + 1, '\0');
+  }
+  return Status::Internal(plugin_label(*state_->plugin) + ": decode keeps asking for more room");
+}
+
+}  // namespace tessera
