@@ -350,7 +350,7 @@ TEST(Config, ErrorUnknownKeys) {
             "t.yaml:4:3: model.max_len: unknown key (did you mean `model.positions.max_len`?)");
   EXPECT_EQ(errors("model:\n  d_model: 8\n  stem: {vocab_size: 10, colour: red}\n"),
             "t.yaml:3:26: model.stem.colour: unknown key "
-            "(valid keys in model.stem: kind, vocab_size, n_features, cls, scale)");
+            "(valid keys in model.stem: kind, vocab_size, n_features, cls, scale, modalities)");
   EXPECT_EQ(errors(kModel + "runtim: {threads: 1}\n"), "t.yaml:4:1: runtim: unknown key (did you mean `runtime`?)");
   EXPECT_EQ(errors(kModel + "runtime: {include: x.yaml}\n"),
             "t.yaml:4:11: runtime.include: unknown key (valid keys in runtime: threads, reference)");
@@ -443,7 +443,7 @@ TEST(Config, ErrorInconsistentValues) {
   EXPECT_EQ(errors(kModel + "  positions: {kind: rotary, rotary_dims: 3}\n"),
             "t.yaml:4:29: model.positions.rotary_dims: rotary_dims (3) must be even and at most d_k (8)");
   EXPECT_EQ(errors("model:\n  d_model: 8\n  stem: {vocab_size: 10, cls: true}\n"),
-            "t.yaml:3:26: model.stem.cls: cls: true needs stem.kind features, but stem.kind is tokens "
+            "t.yaml:3:26: model.stem.cls: cls: true needs stem.kind features or mixed, but stem.kind is tokens "
             "(set cls: false, or stem.kind: features)");
   EXPECT_EQ(errors(kModel + "  head: {kind: pool, pool: cls}\n"),
             "t.yaml:4:22: model.head.pool: pool: cls needs stem.cls: true (set pool: mean or last, or stem.cls: true)");
@@ -453,8 +453,8 @@ TEST(Config, ErrorInconsistentValues) {
             "t.yaml:4:22: model.head.labels: labels name the classes of a classifier head, but head.kind is pool "
             "(set head.kind: classifier and n_classes, or remove labels)");
   EXPECT_EQ(errors("model:\n  d_model: 8\n  stem: {kind: features, n_features: 3}\n  head: {kind: lm}\n"),
-            "t.yaml:4:3: model.head.tied: tied: true needs stem.kind tokens (the logits reuse the token embedding "
-            "table), but stem.kind is features (set head.tied: false)");
+            "t.yaml:4:3: model.head.tied: tied: true needs stem.kind tokens or mixed (the logits reuse the token "
+            "embedding table), but stem.kind is features (set head.tied: false)");
 }
 
 TEST(Config, ValidCombinationsThatLookUnusual) {

@@ -10,6 +10,7 @@
 
 #include "model/layers.h"
 #include "tessera/model.h"
+#include "tessera/plugin.h"
 #include "tessera/random.h"
 #include "tessera/safetensors.h"
 
@@ -575,4 +576,87 @@ TEST(Plan, CountsParametersAndFlops) {
   int64_t n = 0;
   for (const auto& [name, t] : m.parameters()) n += t.numel();
   EXPECT_EQ(n, p.parameters);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches as plugins make them: packing, roles, mixed stems, modality embeddings.
+
+TEST(Batches, PackedSequencesMatchRunningEachAlone) {
+  for (PositionKind kind : {PositionKind::learned, PositionKind::rotary, PositionKind::relative}) {
+    ModelConfig c = small();
+    c.positions.kind = kind;
+    c.causal = kind == PositionKind::rotary;  // both masks, packed
+    const Model m = build(c);
+    // Row 0 packs sequences of 3 and 4 rows, then 1 padding row; row 1 holds one sequence of 5.
+    Batch packed = random_ids(2, 8, 50, 21);
+    packed.segments = Tensor::from_ids({2, 8}, {0, 0, 0, 1, 1, 1, 1, -1, 0, 0, 0, 0, 0, -1, -1, -1});
+    const Outputs o = run(m, packed);
+    const std::vector<std::tuple<int64_t, int64_t, int64_t>> seqs = {{0, 0, 3}, {0, 3, 4}, {1, 0, 5}};
+    for (auto [b, start, n] : seqs) {
+      Batch one;
+      one.ids = packed.ids.select(0, b).slice(0, start, start + n).contiguous().unsqueeze(0);
+      const Outputs alone = run(m, one);
+      EXPECT_LT(max_abs_diff(o.hidden.select(0, b).slice(0, start, start + n), alone.hidden.select(0, 0)), 1e-5f)
+          << position_kind_name(kind) << " sequence at " << b << ":" << start;
+    }
+  }
+}
+
+TEST(Batches, RolesPlaceTheLearnedClsRow) {
+  ModelConfig c = small();
+  c.stem.kind = StemKind::features;
+  c.stem.n_features = 6;
+  c.stem.cls = true;
+  c.positions.kind = PositionKind::learned;
+  c.head.kind = HeadKind::pool;
+  c.head.pool = PoolKind::cls;
+  const Model m = build(c);
+  // Without roles the model prepends the CLS row; with roles the plugin's CLS row is used instead.
+  Batch raw = random_rows(1, 4, 6, 3);
+  Batch with_roles;
+  with_roles.rows = Tensor::zeros({1, 5, 6});
+  with_roles.rows.slice(1, 1, 5).copy_from(raw.rows);
+  with_roles.roles = Tensor::zeros({1, 5}, DType::u8);
+  with_roles.roles.data<uint8_t>()[0] = TSR_ROLE_CLS;
+  const Outputs a = run(m, raw), b = run(m, with_roles);
+  EXPECT_EQ(a.hidden.shape(), Shape({1, 5, 16}));
+  EXPECT_LT(max_abs_diff(a.hidden, b.hidden), 1e-6f);
+  EXPECT_LT(max_abs_diff(a.pooled, b.pooled), 1e-6f);
+  // The CLS row's features are ignored: any values there give the same result.
+  with_roles.rows.select(0, 0).select(0, 0).copy_from(Tensor::full({6}, 7.f));
+  EXPECT_LT(max_abs_diff(run(m, with_roles).hidden, b.hidden), 1e-6f);
+}
+
+TEST(Batches, MixedStemWithModalityEmbeddings) {
+  ModelConfig c = small();
+  c.stem.kind = StemKind::mixed;
+  c.stem.n_features = 6;
+  c.stem.modalities = 2;
+  c.stem.cls = true;
+  const Model m = build(c);
+  // 3 feature rows (a CLS and two patches) followed by 4 token rows.
+  Batch b = random_rows(1, 7, 6, 4);
+  b.ids = Tensor::from_ids({1, 7}, {0, 0, 0, 5, 9, 13, 2});
+  b.kinds = Tensor::zeros({1, 7}, DType::u8);
+  b.roles = Tensor::zeros({1, 7}, DType::u8);
+  b.modality = Tensor::from_ids({1, 7}, {0, 0, 0, 1, 1, 1, 1});
+  for (int t = 0; t < 3; ++t) b.kinds.data<uint8_t>()[t] = 1;
+  b.roles.data<uint8_t>()[0] = TSR_ROLE_CLS;
+  const Outputs o = run(m, b, false, {"stem.out"}), r = run(m, b, true);
+  EXPECT_LT(max_abs_diff(o.hidden, r.hidden), 2e-5f);
+  // stem.out row by row: CLS + modality 0; projected patch + bias + modality 0; token embedding + modality 1.
+  const Tensor x = o.captured.at("stem.out").select(0, 0);
+  const Tensor cls = *m.parameter("stem.cls"), mod = *m.parameter("stem.modality"), E = *m.parameter("stem.embed");
+  const Tensor P = *m.parameter("stem.proj");
+  for (int64_t k = 0; k < 16; ++k) {
+    EXPECT_NEAR(x.at({0, k}), cls.at({k}) + mod.at({0, k}), 1e-6);
+    double proj = 0;
+    for (int64_t f = 0; f < 6; ++f) proj += b.rows.at({0, 1, f}) * P.at({f, k});
+    EXPECT_NEAR(x.at({1, k}), proj + mod.at({0, k}), 1e-5);
+    EXPECT_NEAR(x.at({4, k}), E.at({9, k}) + mod.at({1, k}), 1e-6);
+  }
+  Batch bad = b;
+  bad.modality = Tensor::from_ids({1, 7}, {0, 0, 0, 1, 1, 2, 1});
+  Outputs out;
+  EXPECT_EQ(m.forward(bad, {}, &out).message(), "forward: row 5 of item 0 has modality 2 outside [0, 2)");
 }

@@ -70,7 +70,7 @@ enum class Arch : int { encoder = 0, decoder = 1 };
 enum class NormPlacement : int { post = 0, pre = 1, none = 2 };
 enum class PositionKind : int { none = 0, sinusoidal = 1, learned = 2, relative = 3, rotary = 4 };
 enum class RotaryStyle : int { half = 0, interleaved = 1 };
-enum class StemKind : int { tokens = 0, features = 1, identity = 2 };
+enum class StemKind : int { tokens = 0, features = 1, identity = 2, mixed = 3 };
 enum class EmbedScale : int { none = 0, sqrt_d_model = 1 };
 enum class HeadKind : int { none = 0, pool = 1, classifier = 2, lm = 3 };
 enum class PoolKind : int { cls = 0, mean = 1, last = 2 };
@@ -86,10 +86,11 @@ struct PositionConfig {
 
 struct StemConfig {
   StemKind kind = StemKind::tokens;
-  int64_t vocab_size = 0;   // tokens: rows of the embedding table
-  int64_t n_features = 0;   // features: width of each input row, projected to d_model
-  bool cls = false;         // features: prepend a learned CLS row
+  int64_t vocab_size = 0;   // tokens, mixed: rows of the embedding table
+  int64_t n_features = 0;   // features, mixed: width of each input row, projected to d_model
+  bool cls = false;         // features, mixed: a learned CLS row (see Batch)
   EmbedScale scale = EmbedScale::none;  // multiply embeddings by sqrt(d_model), as in 2017
+  int64_t modalities = 0;   // > 0: a learned embedding per modality, added to each row
 };
 
 struct AttentionConfig {

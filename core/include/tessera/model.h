@@ -18,7 +18,8 @@
 // Parameter names (stable: weight files, `explain`, parity tests and exports all use them;
 // weights are (in, out), so a layer computes x · W):
 //   stem.embed (V, C)            token embedding table          stem.kind tokens
-//   stem.proj (F, C), stem.proj_bias (C), stem.cls (C)          stem.kind features
+//   stem.proj (F, C), stem.proj_bias (C), stem.cls (C)          stem.kind features (mixed: both)
+//   stem.modality (M, C)                                        stem.modalities = M > 0
 //   pos.table (max_len, C)                                      positions.kind learned
 //   blocks.L.attn.w_q (C, H·dk)  b_q (H·dk)   — head h owns columns [h·dk, (h+1)·dk);
 //   blocks.L.attn.w_k (C, H·dk)  b_k (H·dk)     files and inline weights may instead give each
@@ -55,11 +56,29 @@
 
 namespace tessera {
 
-// A batch of B items padded to T rows. Exactly one of ids / rows is defined.
+// A batch: B rows of T token rows each. Rows are token ids (a tokens stem), feature rows (a
+// features or identity stem), or either, row by row (a mixed stem). Everything but the inputs is
+// optional and has a default that makes a plain padded batch:
+//   - lengths: the first lengths[b] rows of row b are one sequence, the rest padding;
+//   - segments (packing): the sequence each row belongs to, -1 for padding; rows attend only within
+//     their sequence, and positions restart at 0 for each one;
+//   - positions: explicit position ids (otherwise 0, 1, ... within each sequence);
+//   - roles (tsr_role per row, as plugins give them): with roles, a features stem's learned CLS
+//     vector replaces the rows whose role is CLS; without roles, a stem with cls prepends one CLS
+//     row to every batch row (as for raw feature rows);
+//   - kinds (mixed stems): 0 for a token row, 1 for a feature row;
+//   - modality (mixed stems with stem.modalities > 0): the index of each row's learned modality
+//     embedding, added after the stem.
+// Padding rows still produce (meaningless) hidden states; they never influence other rows.
 struct Batch {
-  Tensor ids;   // (B, T) i32 token ids                 (stem.kind tokens)
-  Tensor rows;  // (B, T, F) f32 feature or hidden rows  (stem.kind features / identity)
-  std::vector<int64_t> lengths;  // valid input rows per item (padding mask); empty = all T
+  Tensor ids;        // (B, T) i32
+  Tensor rows;       // (B, T, F) f32
+  std::vector<int64_t> lengths;
+  Tensor segments;   // (B, T) i32
+  Tensor positions;  // (B, T) i32
+  Tensor roles;      // (B, T) u8
+  Tensor kinds;      // (B, T) u8
+  Tensor modality;   // (B, T) i32
 
   static Batch from_ids(const std::vector<int32_t>& ids);  // one item
   static Batch from_rows(const Tensor& rows);              // (T, F) -> one item
@@ -102,6 +121,11 @@ struct ParamSpec {
 };
 std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg);
 
+// The pooled vector of one sequence's hidden rows h (T, C) as head.pool says (cls: the row whose
+// role is CLS, or row 0 without roles; mean: all rows; last: the last row), L2-normalised when
+// head.normalize. The model's own pooling and the batch runner's (packed sequences) share it.
+void pool_rows(const ModelConfig& cfg, const Tensor& h, const uint8_t* roles, float* out);
+
 // Checks the tensors that model.weights supplies (inline and the file's header) against the
 // parameters the config asks for: unexpected names, missing tensors (unless allow_missing),
 // shapes and dtypes. Every problem is added at the YAML key that chose the tensor, so a config and
@@ -122,6 +146,9 @@ class Model {
   int64_t rows_for(int64_t input_rows) const;  // T' for T input rows
 
   Status forward(const Batch& batch, const ForwardOptions& options, Outputs* out) const;
+
+  // The classifier head on pooled vectors (N, C): logits and probabilities (N, n_classes).
+  Status classify(const Tensor& pooled, Tensor* logits, Tensor* probs, const ForwardOptions& options) const;
 
   // All parameters, named as above, into one safetensors file.
   Status save(const std::string& path) const;

@@ -34,8 +34,10 @@ const Names<PositionKind> kPositionNames = {{"none", PositionKind::none},
                                             {"rotary", PositionKind::rotary}};
 const Names<RotaryStyle> kRotaryNames = {{"half", RotaryStyle::half},
                                          {"interleaved", RotaryStyle::interleaved}};
-const Names<StemKind> kStemNames = {
-    {"tokens", StemKind::tokens}, {"features", StemKind::features}, {"identity", StemKind::identity}};
+const Names<StemKind> kStemNames = {{"tokens", StemKind::tokens},
+                                    {"features", StemKind::features},
+                                    {"identity", StemKind::identity},
+                                    {"mixed", StemKind::mixed}};
 const Names<EmbedScale> kEmbedScaleNames = {{"none", EmbedScale::none},
                                             {"sqrt_d_model", EmbedScale::sqrt_d_model}};
 const Names<HeadKind> kHeadNames = {{"none", HeadKind::none},
@@ -646,15 +648,20 @@ std::vector<KeyRule> build_rules() {
                        "rotary only: pairs (i, i + d/2) or (2i, 2i + 1)", FIELD(model.positions.rotary_style)));
   r.push_back(enum_key("model.stem.kind", kStemNames, "tokens",
                        "input rows: token ids looked up in a table, feature rows projected to d_model, "
-                       "or rows already d_model wide",
+                       "rows already d_model wide, or mixed (token and feature rows in one sequence)",
                        FIELD(model.stem.kind)));
-  r.push_back(int_key("model.stem.vocab_size", kPositive, "required if kind is tokens",
+  r.push_back(int_key("model.stem.vocab_size", kPositive, "required if kind is tokens or mixed",
                       "rows of the token embedding table (V)", FIELD(model.stem.vocab_size), true));
-  r.push_back(int_key("model.stem.n_features", kPositive, "required if kind is features",
+  r.push_back(int_key("model.stem.n_features", kPositive, "required if kind is features or mixed",
                       "width of each feature row", FIELD(model.stem.n_features), true));
-  r.push_back(bool_key("model.stem.cls", "false", "features only: prepend a learned CLS row", FIELD(model.stem.cls)));
+  r.push_back(bool_key("model.stem.cls", "false",
+                       "features, mixed: a learned CLS row (rows whose role is CLS, or one prepended row)",
+                       FIELD(model.stem.cls)));
   r.push_back(enum_key("model.stem.scale", kEmbedScaleNames, "none",
                        "multiply the stem's rows by sqrt(d_model), as in 2017", FIELD(model.stem.scale)));
+  r.push_back(int_key("model.stem.modalities", {0, ">= 0", kIntMax}, "0",
+                      "> 0: a learned embedding per modality (per plugin, in order), added to each row",
+                      FIELD(model.stem.modalities)));
   r.push_back(enum_key("model.head.kind", kHeadNames, "none",
                        "what follows the blocks: nothing, a pooled vector, class logits, or next-token logits",
                        FIELD(model.head.kind)));
@@ -769,16 +776,18 @@ void resolve_model(WalkContext& c) {
   // Stem.
   StemConfig& s = m.stem;
   if (!c.is_bad("model.stem.kind")) {
-    if (s.kind == StemKind::tokens && !c.is_given("model.stem.vocab_size") && !c.is_bad("model.stem.vocab_size")) {
-      missing("model.stem.vocab_size", " (stem.kind is tokens)", "add `vocab_size: <int>` under `model.stem:`");
+    const bool tokens = s.kind == StemKind::tokens || s.kind == StemKind::mixed;
+    const bool features = s.kind == StemKind::features || s.kind == StemKind::mixed;
+    const std::string why = std::string(" (stem.kind is ") + stem_kind_name(s.kind) + ")";
+    if (tokens && !c.is_given("model.stem.vocab_size") && !c.is_bad("model.stem.vocab_size")) {
+      missing("model.stem.vocab_size", why, "add `vocab_size: <int>` under `model.stem:`");
     }
-    if (s.kind == StemKind::features && !c.is_given("model.stem.n_features") &&
-        !c.is_bad("model.stem.n_features")) {
-      missing("model.stem.n_features", " (stem.kind is features)", "add `n_features: <int>` under `model.stem:`");
+    if (features && !c.is_given("model.stem.n_features") && !c.is_bad("model.stem.n_features")) {
+      missing("model.stem.n_features", why, "add `n_features: <int>` under `model.stem:`");
     }
-    if (s.cls && s.kind != StemKind::features) {
+    if (s.cls && !features) {
       c.error(c.where("model.stem.cls"), "model.stem.cls",
-              std::string("cls: true needs stem.kind features, but stem.kind is ") + stem_kind_name(s.kind),
+              std::string("cls: true needs stem.kind features or mixed, but stem.kind is ") + stem_kind_name(s.kind),
               "set cls: false, or stem.kind: features");
     }
   }
@@ -805,9 +814,10 @@ void resolve_model(WalkContext& c) {
               "set head.kind: classifier and n_classes, or remove labels");
     }
   }
-  if (h.kind == HeadKind::lm && h.tied && s.kind != StemKind::tokens && !c.is_bad("model.stem.kind")) {
+  if (h.kind == HeadKind::lm && h.tied && s.kind != StemKind::tokens && s.kind != StemKind::mixed &&
+      !c.is_bad("model.stem.kind")) {
     c.error(c.where("model.head.tied"), "model.head.tied",
-            std::string("tied: true needs stem.kind tokens (the logits reuse the token embedding table), "
+            std::string("tied: true needs stem.kind tokens or mixed (the logits reuse the token embedding table), "
                         "but stem.kind is ") + stem_kind_name(s.kind),
             "set head.tied: false");
   }
@@ -829,11 +839,16 @@ void resolve_input(WalkContext& c) {
             "give input.ids for stem.kind tokens, input.rows for stem.kind features or identity");
   }
   if (!c.is_bad("model.stem.kind")) {
+    if ((rows || ids) && m.stem.kind == StemKind::mixed) {
+      c.error(c.where(rows ? "input.rows" : "input.ids"), rows ? "input.rows" : "input.ids",
+              "stem.kind mixed reads its rows from plugins; inline input is for one kind of row",
+              "run the experiment with `tessera run` over a dataset");
+    }
     if (rows && m.stem.kind == StemKind::tokens) {
       c.error(c.where("input.rows"), "input.rows", "stem.kind tokens takes input.ids, not input.rows",
               "give token ids, or set stem.kind: features or identity");
     }
-    if (ids && m.stem.kind != StemKind::tokens) {
+    if (ids && m.stem.kind != StemKind::tokens && m.stem.kind != StemKind::mixed) {
       c.error(c.where("input.ids"), "input.ids",
               std::string("stem.kind ") + stem_kind_name(m.stem.kind) + " takes input.rows, not input.ids",
               "give feature rows, or set stem.kind: tokens");

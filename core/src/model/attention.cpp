@@ -21,19 +21,13 @@ Tensor head_view(const Tensor& buf, int64_t B, int64_t T, int64_t col0, int64_t 
   return buf.reshape({B, T, N}).slice(2, col0, col0 + H * D).unflatten(2, H, D).transpose(1, 2);
 }
 
-// Is key column j allowed for query row i of item b?
-inline bool allowed(bool causal, int64_t len, int64_t i, int64_t j) {
-  return j < len && !(causal && j > i);
-}
-
 }  // namespace
 
-Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& x,
-                         const std::vector<int64_t>& lengths, const Tensor* residual, Tensor& y,
-                         const Capture& cap, const std::string& p) {
+Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& x, const RowLayout& rows,
+                         const Tensor* residual, Tensor& y, const Capture& cap, const std::string& p) {
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   const int64_t H = L.n_heads, dk = L.d_k, dv = L.d_v;
-  auto len_of = [&](int64_t b) { return lengths.empty() ? T : lengths[b]; };
+  const int32_t* positions = rows.plain ? nullptr : rows.pos.data();
 
   // 1. Project: [Q | K | V] (B·T, H·(2dk + dv)) = x · [W_Q | W_K | W_V] + b.
   Tensor qkv = Tensor::empty({B * T, L.qkv.out_features()});
@@ -43,8 +37,8 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   Tensor v = head_view(qkv, B, T, 2 * H * dk, H, dv);  // (B, H, T, dv)
 
   if (L.positions.kind == PositionKind::rotary) {
-    apply_rotary(q, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style);
-    apply_rotary(k, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style);
+    apply_rotary(q, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style, 0, positions);
+    apply_rotary(k, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style, 0, positions);
   }
   cap.put(p + ".q", q);
   cap.put(p + ".k", k);
@@ -74,7 +68,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
             qa[r] = L.scale * acc;
           }
           float* srow = s + ((b * H + h) * T + i) * T;
-          for (int64_t j = 0; j < T; ++j) srow[j] += qa[relative_index(i, j, kmax)];
+          for (int64_t j = 0; j < T; ++j) srow[j] += qa[relative_index(rows.position(b, i), rows.position(b, j), kmax)];
         }
       }
   }
@@ -87,19 +81,17 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < T; ++i)
         for (int64_t j = 0; j < T; ++j)
-          mask.data<float>()[(b * T + i) * T + j] = allowed(L.causal, len_of(b), i, j) ? 0.f : kNegInf;
+          mask.data<float>()[(b * T + i) * T + j] = rows.allowed(b, i, j, L.causal) ? 0.f : kNegInf;
     cap.put(p + ".mask", mask);
   }
-  bool any_masked = L.causal;
-  for (int64_t b = 0; b < B; ++b) any_masked = any_masked || len_of(b) < T;
-  if (any_masked) {
+  if (L.causal || !rows.plain) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < T; ++i) {
           float* srow = s + ((b * H + h) * T + i) * T;
           for (int64_t j = 0; j < T; ++j)
-            if (!allowed(L.causal, len_of(b), i, j)) srow[j] = kNegInf;
+            if (!rows.allowed(b, i, j, L.causal)) srow[j] = kNegInf;
         }
   }
 
@@ -122,7 +114,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
         for (int64_t i = 0; i < T; ++i) {
           std::fill(wr.begin(), wr.end(), 0.f);
           const float* arow = s + ((b * H + h) * T + i) * T;
-          for (int64_t j = 0; j < T; ++j) wr[relative_index(i, j, kmax)] += arow[j];
+          for (int64_t j = 0; j < T; ++j) wr[relative_index(rows.position(b, i), rows.position(b, j), kmax)] += arow[j];
           float* oi = hp + b * hb + h * hh + i * ht;
           for (int64_t r = 0; r < R; ++r)
             for (int64_t d = 0; d < dv; ++d) oi[d] += wr[r] * a[r * dv + d];

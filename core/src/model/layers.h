@@ -14,12 +14,32 @@ namespace tessera::model {
 // (T, C) table of the 2017 paper: PE(p, 2i) = sin(p / base^(2i/C)), PE(p, 2i+1) = cos(...).
 Tensor sinusoidal_table(int64_t T, int64_t C, double base);
 
-// Rotates the first `dims` entries of every row of x (B, H, T, D) (any strides, f32) in place by
-// the angle p · base^(-2i/dims) of its position p = pos0 + t (Su et al. 2021). `half` pairs entry
-// i with i + dims/2 (GPT-NeoX, ESM-2, LLaMA); `interleaved` pairs 2i with 2i + 1 (GPT-J).
-void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64_t pos0 = 0);
+// Which rows attend to which, and each row's position: a batch's lengths, segments and positions
+// resolved into one array each (B·T, row-major).
+struct RowLayout {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> seg;  // the sequence a row belongs to; -1 for padding
+  std::vector<int32_t> pos;  // the row's position id
+  bool plain = true;         // one sequence per batch row, no padding, positions 0..T-1
+  // May query row i of batch row b use key row j? Keys must be real rows of the query's own
+  // sequence (a padding row's query may read any real row: its output is never used), and a
+  // causal model never reads a later row.
+  bool allowed(int64_t b, int64_t i, int64_t j, bool causal) const {
+    const int32_t si = seg[static_cast<size_t>(b * T + i)], sj = seg[static_cast<size_t>(b * T + j)];
+    return sj >= 0 && (si < 0 || si == sj) && !(causal && j > i);
+  }
+  int32_t position(int64_t b, int64_t t) const { return pos[static_cast<size_t>(b * T + t)]; }
+};
 
-// Shaw et al. 2018: the embedding index of the offset j - i, clipped to [-k, k], shifted to [0, 2k].
+// Rotates the first `dims` entries of every row of x (B, H, T, D) (any strides, f32) in place by
+// the angle p · base^(-2i/dims) of its position p (Su et al. 2021): p = positions[b·T + t] when
+// given, else pos0 + t. `half` pairs entry i with i + dims/2 (GPT-NeoX, ESM-2, LLaMA);
+// `interleaved` pairs 2i with 2i + 1 (GPT-J).
+void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64_t pos0 = 0,
+                  const int32_t* positions = nullptr);
+
+// Shaw et al. 2018: the embedding index of the offset j - i (positions), clipped to [-k, k],
+// shifted to [0, 2k].
 inline int64_t relative_index(int64_t i, int64_t j, int64_t k) {
   int64_t d = j - i;
   d = d < -k ? -k : (d > k ? k : d);
@@ -39,10 +59,9 @@ struct AttentionLayer {
 };
 
 // y (B, T, C_out) = [residual +] W_O · concat_h softmax(mask(scale · Q_h K_hᵀ)) V_h for x (B, T, C).
-// lengths[b]: valid key rows of item b (empty: all T). y may be *residual (in-place residual).
+// rows: who attends to whom and the positions. y may be *residual (in-place residual).
 // Without an output projection, y is the concatenation (B, T, H·dv) and residual must be null.
-Status attention_forward(const AttentionLayer& layer, const Exec& ex, const Tensor& x,
-                         const std::vector<int64_t>& lengths, const Tensor* residual, Tensor& y,
-                         const Capture& cap, const std::string& prefix);
+Status attention_forward(const AttentionLayer& layer, const Exec& ex, const Tensor& x, const RowLayout& rows,
+                         const Tensor* residual, Tensor& y, const Capture& cap, const std::string& prefix);
 
 }  // namespace tessera::model

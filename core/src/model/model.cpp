@@ -5,6 +5,7 @@
 
 #include "layers.h"
 #include "tessera/model.h"
+#include "tessera/plugin.h"
 #include "tessera/safetensors.h"
 #include "weights.h"
 
@@ -43,6 +44,7 @@ struct Model::Layers {
   Tensor embed;      // (V, C)
   Linear stem_proj;  // (F, C)
   Tensor cls;        // (C)
+  Tensor modality;   // (modalities, C)
   Tensor pos;        // (max_len, C): learned or sinusoidal
   std::vector<model::Block> blocks;
   Tensor final_g, final_b;
@@ -107,8 +109,9 @@ Result<Model> Model::build(const ModelConfig& cfg) {
   auto layers = std::make_shared<Layers>();
   const DType dt = cfg.dtype;
 
-  if (cfg.stem.kind == StemKind::tokens) layers->embed = F("stem.embed");
-  if (cfg.stem.kind == StemKind::features) {
+  if (cfg.stem.kind == StemKind::tokens || cfg.stem.kind == StemKind::mixed) layers->embed = F("stem.embed");
+  if (cfg.stem.modalities > 0) layers->modality = F("stem.modality");
+  if (cfg.stem.kind == StemKind::features || cfg.stem.kind == StemKind::mixed) {
     auto lin = Linear::create(P("stem.proj"), F("stem.proj_bias"), Activation::none, dt);
     if (!lin.ok()) return lin.status().with_prefix("stem.proj");
     layers->stem_proj = std::move(lin).value();
@@ -182,7 +185,8 @@ const Tensor* Model::parameter(const std::string& name) const {
 }
 
 int64_t Model::rows_for(int64_t input_rows) const {
-  return input_rows + (cfg_->stem.kind == StemKind::features && cfg_->stem.cls ? 1 : 0);
+  const StemKind k = cfg_->stem.kind;
+  return input_rows + ((k == StemKind::features || k == StemKind::mixed) && cfg_->stem.cls ? 1 : 0);
 }
 
 Status Model::save(const std::string& path) const { return safetensors::write(path, *params_); }
@@ -193,25 +197,56 @@ Status Model::save(const std::string& path) const { return safetensors::write(pa
 namespace {
 
 Status check_batch(const ModelConfig& c, const Batch& batch) {
-  const bool want_ids = c.stem.kind == StemKind::tokens;
+  const StemKind k = c.stem.kind;
+  const bool want_ids = k == StemKind::tokens || k == StemKind::mixed;
+  const bool want_rows = k != StemKind::tokens;
   if (want_ids && (!batch.ids.defined() || batch.ids.rank() != 2 || batch.ids.dtype() != DType::i32))
-    return Status::Invalid("forward: stem.kind tokens needs token ids (B, T) i32" +
-                           std::string(batch.rows.defined() ? ", got feature rows" : ""));
-  if (!want_ids) {
-    const int64_t F = c.stem.kind == StemKind::features ? c.stem.n_features : c.d_model;
+    return Status::Invalid(std::string("forward: stem.kind ") + stem_kind_name(k) + " needs token ids (B, T) i32" +
+                           (batch.rows.defined() && k == StemKind::tokens ? ", got feature rows" : ""));
+  if (want_rows) {
+    const int64_t F = k == StemKind::identity ? c.d_model : c.stem.n_features;
     if (!batch.rows.defined() || batch.rows.rank() != 3)
-      return Status::Invalid(std::string("forward: stem.kind ") + stem_kind_name(c.stem.kind) +
-                             " needs rows (B, T, " + std::to_string(F) + ")" +
-                             (batch.ids.defined() ? ", got token ids" : ""));
+      return Status::Invalid(std::string("forward: stem.kind ") + stem_kind_name(k) + " needs rows (B, T, " +
+                             std::to_string(F) + ")" + (batch.ids.defined() && k != StemKind::mixed ? ", got token ids" : ""));
     if (batch.rows.dim(2) != F)
-      return Status::Invalid("forward: rows are " + std::to_string(batch.rows.dim(2)) +
-                             " wide but the model reads " + std::to_string(F) + " (" +
-                             (c.stem.kind == StemKind::features ? "stem.n_features" : "d_model") + ")");
+      return Status::Invalid("forward: rows are " + std::to_string(batch.rows.dim(2)) + " wide but the model reads " +
+                             std::to_string(F) + " (" + (k == StemKind::identity ? "d_model" : "stem.n_features") + ")");
   }
   const int64_t B = batch.batch_size(), T = batch.seq_len();
-  if (B == 0 || T == 0) return Status::Invalid("forward: empty batch (B = " + std::to_string(B) +
-                                               ", T = " + std::to_string(T) + ")");
+  if (B == 0 || T == 0)
+    return Status::Invalid("forward: empty batch (B = " + std::to_string(B) + ", T = " + std::to_string(T) + ")");
+  if (k == StemKind::mixed && ((batch.ids.dim(0) != B || batch.ids.dim(1) != T) ||
+                               (batch.rows.dim(0) != B || batch.rows.dim(1) != T)))
+    return Status::Invalid("forward: a mixed stem needs ids (B, T) and rows (B, T, F) of the same B and T");
+  auto check_bt = [&](const Tensor& t, const char* name, DType dt) -> Status {
+    if (!t.defined()) return Status::Ok();
+    if (t.rank() != 2 || t.dim(0) != B || t.dim(1) != T || t.dtype() != dt)
+      return Status::Invalid(std::string("forward: ") + name + " must be (" + std::to_string(B) + ", " +
+                             std::to_string(T) + ") " + dtype_name(dt) + ", got " + t.describe());
+    return Status::Ok();
+  };
+  TSR_RETURN_IF_ERROR(check_bt(batch.segments, "segments", DType::i32));
+  TSR_RETURN_IF_ERROR(check_bt(batch.positions, "positions", DType::i32));
+  TSR_RETURN_IF_ERROR(check_bt(batch.roles, "roles", DType::u8));
+  TSR_RETURN_IF_ERROR(check_bt(batch.kinds, "kinds", DType::u8));
+  TSR_RETURN_IF_ERROR(check_bt(batch.modality, "modality", DType::i32));
+  if (k == StemKind::mixed && !batch.kinds.defined())
+    return Status::Invalid("forward: a mixed stem needs kinds (B, T): 0 for a token row, 1 for a feature row");
+  if (batch.modality.defined() != (c.stem.modalities > 0))
+    return Status::Invalid(c.stem.modalities > 0
+                               ? "forward: stem.modalities > 0 needs each row's modality (Batch::modality)"
+                               : "forward: rows carry a modality but the model has no modality embedding "
+                                 "(set stem.modalities)");
+  if (batch.modality.defined())
+    for (int64_t i = 0; i < B * T; ++i) {
+      const int32_t m = batch.modality.contiguous().data<int32_t>()[i];
+      if (m < 0 || m >= c.stem.modalities)
+        return Status::OutOfRange("forward: row " + std::to_string(i % T) + " of item " + std::to_string(i / T) +
+                                  " has modality " + std::to_string(m) + " outside [0, " +
+                                  std::to_string(c.stem.modalities) + ")");
+    }
   if (!batch.lengths.empty()) {
+    if (batch.segments.defined()) return Status::Invalid("forward: give lengths or segments, not both");
     if (static_cast<int64_t>(batch.lengths.size()) != B)
       return Status::Invalid("forward: " + std::to_string(batch.lengths.size()) + " lengths for " +
                              std::to_string(B) + " items");
@@ -223,7 +258,48 @@ Status check_batch(const ModelConfig& c, const Batch& batch) {
   return Status::Ok();
 }
 
+// Rows of one batch row that belong to sequence `s`, in order.
+std::vector<int64_t> rows_of(const model::RowLayout& lay, int64_t b, int32_t s) {
+  std::vector<int64_t> r;
+  for (int64_t t = 0; t < lay.T; ++t)
+    if (lay.seg[static_cast<size_t>(b * lay.T + t)] == s) r.push_back(t);
+  return r;
+}
+
 }  // namespace
+
+void pool_rows(const ModelConfig& c, const Tensor& h, const uint8_t* roles, float* d) {
+  const int64_t n = h.dim(0), C = h.dim(1);
+  const Tensor hc = h.contiguous();
+  const float* x = hc.data<float>();
+  std::fill(d, d + C, 0.f);
+  if (n > 0) {
+    switch (c.head.pool) {
+      case PoolKind::cls: {
+        int64_t row = 0;
+        for (int64_t t = 0; roles && t < n; ++t)
+          if (roles[t] == TSR_ROLE_CLS) {
+            row = t;
+            break;
+          }
+        std::copy(x + row * C, x + (row + 1) * C, d);
+        break;
+      }
+      case PoolKind::last: std::copy(x + (n - 1) * C, x + n * C, d); break;
+      case PoolKind::mean:
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t i = 0; i < C; ++i) d[i] += x[t * C + i];
+        for (int64_t i = 0; i < C; ++i) d[i] /= static_cast<float>(n);
+        break;
+    }
+  }
+  if (c.head.normalize) {
+    double ss = 0;
+    for (int64_t i = 0; i < C; ++i) ss += static_cast<double>(d[i]) * d[i];
+    const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
+    for (int64_t i = 0; i < C; ++i) d[i] *= inv;
+  }
+}
 
 Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* out) const {
   const ModelConfig& c = *cfg_;
@@ -233,38 +309,109 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   const model::Capture cap(opt.capture, &out->captured);
   out->captured.clear();
 
-  const int64_t B = batch.batch_size(), T_in = batch.seq_len(), T = rows_for(T_in), C = c.d_model;
-  const int64_t extra = T - T_in;  // 1 with a CLS row
-  std::vector<int64_t> lengths;
-  if (!batch.lengths.empty())
-    for (int64_t len : batch.lengths) lengths.push_back(len + extra);
-  if ((c.positions.kind == PositionKind::learned || c.positions.kind == PositionKind::sinusoidal) &&
-      T > c.positions.max_len)
-    return Status::OutOfRange("forward: " + std::to_string(T) + " rows exceed positions.max_len = " +
-                              std::to_string(c.positions.max_len) + " (shorten the input or raise max_len)");
+  // Rows: with a CLS stem and no roles, one CLS row is prepended to every batch row.
+  const bool has_cls_stem = c.stem.cls && (c.stem.kind == StemKind::features || c.stem.kind == StemKind::mixed);
+  const int64_t extra = has_cls_stem && !batch.roles.defined() ? 1 : 0;
+  if (extra && (batch.segments.defined() || batch.positions.defined() || batch.kinds.defined()))
+    return Status::Invalid("forward: packed or explicitly positioned rows must say where the CLS row is (give roles)");
+  const int64_t B = batch.batch_size(), T_in = batch.seq_len(), T = T_in + extra, C = c.d_model;
 
-  // Stem: token ids or feature rows -> (B, T, C).
-  Tensor x = Tensor::empty({B, T, C});
-  switch (c.stem.kind) {
-    case StemKind::tokens: {
-      TSR_RETURN_IF_ERROR(ex.embedding(L.embed, batch.ids, x));
-      if (c.stem.scale == EmbedScale::sqrt_d_model) {
-        const float s = std::sqrt(static_cast<float>(C));
-        float* p = x.data<float>();
-        for (int64_t i = 0; i < x.numel(); ++i) p[i] *= s;
-      }
-      break;
+  // Who attends to whom, and each row's position.
+  model::RowLayout lay;
+  lay.B = B;
+  lay.T = T;
+  lay.seg.assign(static_cast<size_t>(B * T), 0);
+  lay.pos.assign(static_cast<size_t>(B * T), 0);
+  const Tensor seg_in = batch.segments.defined() ? batch.segments.contiguous() : Tensor();
+  const Tensor pos_in = batch.positions.defined() ? batch.positions.contiguous() : Tensor();
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t prev = -2, run = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t i = static_cast<size_t>(b * T + t);
+      int32_t s = 0;
+      if (seg_in.defined()) s = seg_in.data<int32_t>()[i];
+      else if (!batch.lengths.empty() && t >= batch.lengths[static_cast<size_t>(b)] + extra) s = -1;
+      lay.seg[i] = s < 0 ? -1 : s;
+      run = s == prev ? run + 1 : 0;
+      prev = s;
+      lay.pos[i] = pos_in.defined() ? pos_in.data<int32_t>()[i] : (s < 0 ? static_cast<int32_t>(t) : run);
+      if (lay.seg[i] != 0 || lay.pos[i] != t) lay.plain = false;
     }
-    case StemKind::features: {
-      Tensor proj = Tensor::empty({B * T_in, C});
-      TSR_RETURN_IF_ERROR(ex.linear(L.stem_proj, batch.rows.reshape({B * T_in, c.stem.n_features}), proj));
-      x.slice(1, extra, T).copy_from(proj.reshape({B, T_in, C}));
-      for (int64_t b = 0; b < B && extra; ++b) x.select(0, b).select(0, 0).copy_from(L.cls);
-      break;
-    }
-    case StemKind::identity: x.copy_from(batch.rows); break;
   }
-  if (L.pos.defined()) TSR_RETURN_IF_ERROR(ex.add(x, L.pos.slice(0, 0, T), x));
+  if (c.positions.kind == PositionKind::learned || c.positions.kind == PositionKind::sinusoidal) {
+    int32_t max_pos = 0;
+    for (int32_t p : lay.pos) max_pos = std::max(max_pos, p);
+    if (max_pos >= c.positions.max_len)
+      return Status::OutOfRange("forward: " + std::to_string(max_pos + 1) + " rows exceed positions.max_len = " +
+                                std::to_string(c.positions.max_len) + " (shorten the input or raise max_len)");
+  }
+  for (int32_t p : lay.pos)
+    if (p < 0) return Status::OutOfRange("forward: a negative position id (" + std::to_string(p) + ")");
+
+  // Stem: token ids and/or feature rows -> (B, T, C).
+  Tensor x = Tensor::zeros({B, T, C});
+  const Tensor kinds = batch.kinds.defined() ? batch.kinds.contiguous() : Tensor();
+  const Tensor roles = batch.roles.defined() ? batch.roles.contiguous() : Tensor();
+  auto is_feature_row = [&](int64_t i) {  // i = b·T_in + t over the input rows
+    return c.stem.kind == StemKind::mixed ? kinds.data<uint8_t>()[i] != 0 : c.stem.kind != StemKind::tokens;
+  };
+  // Input row i goes to x row b·T + t + extra.
+  auto out_row = [&](int64_t i) { return (i / T_in) * T + i % T_in + extra; };
+  float* xp = x.data<float>();
+  if (c.stem.kind == StemKind::tokens || c.stem.kind == StemKind::mixed) {
+    Tensor ids = batch.ids.contiguous();
+    if (c.stem.kind == StemKind::mixed) {  // feature rows carry any id: look up id 0 there
+      ids = ids.clone();
+      for (int64_t i = 0; i < B * T_in; ++i)
+        if (is_feature_row(i)) ids.data<int32_t>()[i] = 0;
+    }
+    Tensor emb = Tensor::empty({B * T_in, C});
+    TSR_RETURN_IF_ERROR(ex.embedding(L.embed, ids.reshape({B * T_in}), emb));
+    const float scale = c.stem.scale == EmbedScale::sqrt_d_model ? std::sqrt(static_cast<float>(C)) : 1.f;
+    for (int64_t i = 0; i < B * T_in; ++i) {
+      if (is_feature_row(i)) continue;
+      const float* e = emb.data<float>() + i * C;
+      float* dst = xp + out_row(i) * C;
+      for (int64_t k = 0; k < C; ++k) dst[k] = e[k] * scale;
+    }
+  }
+  if (c.stem.kind == StemKind::features || c.stem.kind == StemKind::mixed) {
+    const int64_t F = c.stem.n_features;
+    std::vector<int64_t> which;  // input rows that are feature rows
+    for (int64_t i = 0; i < B * T_in; ++i)
+      if (is_feature_row(i)) which.push_back(i);
+    if (!which.empty()) {
+      const Tensor rows = batch.rows.contiguous();
+      Tensor in = Tensor::empty({static_cast<int64_t>(which.size()), F});
+      for (size_t r = 0; r < which.size(); ++r)
+        std::copy(rows.data<float>() + which[r] * F, rows.data<float>() + (which[r] + 1) * F, in.data<float>() + r * F);
+      Tensor proj = Tensor::empty({static_cast<int64_t>(which.size()), C});
+      TSR_RETURN_IF_ERROR(ex.linear(L.stem_proj, in, proj));
+      for (size_t r = 0; r < which.size(); ++r) {
+        float* dst = xp + out_row(which[r]) * C;
+        const bool cls_row = has_cls_stem && roles.defined() && roles.data<uint8_t>()[which[r]] == TSR_ROLE_CLS;
+        const float* src = cls_row ? L.cls.data<float>() : proj.data<float>() + static_cast<int64_t>(r) * C;
+        std::copy(src, src + C, dst);
+      }
+    }
+    for (int64_t b = 0; b < B && extra; ++b) std::copy(L.cls.data<float>(), L.cls.data<float>() + C, xp + b * T * C);
+  }
+  if (c.stem.kind == StemKind::identity) x.copy_from(batch.rows);
+  if (c.stem.modalities > 0) {
+    const Tensor mod = batch.modality.contiguous();
+    for (int64_t i = 0; i < B * T_in; ++i) {
+      const float* e = L.modality.data<float>() + static_cast<int64_t>(mod.data<int32_t>()[i]) * C;
+      float* dst = xp + out_row(i) * C;
+      for (int64_t k = 0; k < C; ++k) dst[k] += e[k];
+    }
+  }
+  if (L.pos.defined()) {  // learned or sinusoidal: x[b, t] += table[position of (b, t)]
+    const float* tab = L.pos.data<float>();
+    for (int64_t i = 0; i < B * T; ++i) {
+      const float* e = tab + static_cast<int64_t>(lay.pos[static_cast<size_t>(i)]) * C;
+      for (int64_t k = 0; k < C; ++k) xp[i * C + k] += e[k];
+    }
+  }
   cap.put("stem.out", x);
 
   Tensor h = Tensor::empty({B, T, C});  // normed rows / scratch
@@ -294,7 +441,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       TSR_RETURN_IF_ERROR(ex.layer_norm(x, blk.ln1_g, blk.ln1_b, eps, h));
       cap.put(p + ".ln1", h);
       cap.put(p + ".attn.in", h);
-      TSR_RETURN_IF_ERROR(model::attention_forward(blk.attn, ex, h, lengths, &x, x, cap, p + ".attn"));
+      TSR_RETURN_IF_ERROR(model::attention_forward(blk.attn, ex, h, lay, &x, x, cap, p + ".attn"));
       cap.put(p + ".attn.residual", x);
       if (F > 0) {
         TSR_RETURN_IF_ERROR(ex.layer_norm(x, blk.ln2_g, blk.ln2_b, eps, h));
@@ -306,8 +453,8 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       cap.put(p + ".attn.in", x);
       const int64_t width = blk.attn.out.defined() ? C : c.n_heads * c.d_v;
       Tensor u = width == C ? h : Tensor::empty({B, T, width});
-      TSR_RETURN_IF_ERROR(model::attention_forward(blk.attn, ex, x, lengths, c.residual ? &x : nullptr,
-                                                   u, cap, p + ".attn"));
+      TSR_RETURN_IF_ERROR(
+          model::attention_forward(blk.attn, ex, x, lay, c.residual ? &x : nullptr, u, cap, p + ".attn"));
       cap.put(p + ".attn.residual", u);
       if (c.norm == NormPlacement::post) {
         TSR_RETURN_IF_ERROR(ex.layer_norm(u, blk.ln1_g, blk.ln1_b, eps, x));
@@ -337,61 +484,51 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   out->hidden = x;
   out->pooled = out->logits = out->probs = Tensor();
 
-  auto len_of = [&](int64_t b) { return lengths.empty() ? T : lengths[b]; };
-  if (c.head.kind == HeadKind::pool || c.head.kind == HeadKind::classifier) {
-    Tensor pooled = Tensor::zeros({B, C});
+  // Heads work per batch row on its sequence 0; packed batches pool per sequence in the caller.
+  const bool packed = batch.segments.defined();
+  if ((c.head.kind == HeadKind::pool || c.head.kind == HeadKind::classifier) && !packed) {
+    Tensor pooled = Tensor::zeros({B, x.dim(2)});
     for (int64_t b = 0; b < B; ++b) {
-      Tensor dst = pooled.select(0, b);
-      const int64_t n = len_of(b);
-      switch (c.head.pool) {
-        case PoolKind::cls: dst.copy_from(x.select(0, b).select(0, 0)); break;
-        case PoolKind::last:
-          if (n > 0) dst.copy_from(x.select(0, b).select(0, n - 1));
-          break;
-        case PoolKind::mean: {
-          float* d = dst.data<float>();
-          for (int64_t t = 0; t < n; ++t) {
-            const float* row = x.data<float>() + (b * T + t) * C;
-            for (int64_t i = 0; i < C; ++i) d[i] += row[i];
-          }
-          for (int64_t i = 0; i < C && n > 0; ++i) d[i] /= static_cast<float>(n);
-          break;
-        }
-      }
-      if (c.head.normalize) {
-        float* d = dst.data<float>();
-        double ss = 0;
-        for (int64_t i = 0; i < C; ++i) ss += static_cast<double>(d[i]) * d[i];
-        const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
-        for (int64_t i = 0; i < C; ++i) d[i] *= inv;
-      }
+      const std::vector<int64_t> r = rows_of(lay, b, 0);
+      const int64_t first = r.empty() ? 0 : r.front();
+      const Tensor hb = x.select(0, b).slice(0, first, first + static_cast<int64_t>(r.size()));
+      const uint8_t* rl = roles.defined() ? roles.data<uint8_t>() + b * T_in + first - extra : nullptr;
+      pool_rows(c, hb, extra ? nullptr : rl, pooled.data<float>() + b * x.dim(2));
     }
     cap.put("head.pooled", pooled);
     out->pooled = pooled;
-    if (c.head.kind == HeadKind::classifier) {
-      Tensor logits = Tensor::empty({B, c.head.n_classes});
-      TSR_RETURN_IF_ERROR(ex.linear(L.head, pooled, logits));
-      Tensor probs = Tensor::empty({B, c.head.n_classes});
-      TSR_RETURN_IF_ERROR(ex.softmax(logits, probs));
-      out->logits = logits;
-      out->probs = probs;
-    }
+    if (c.head.kind == HeadKind::classifier) TSR_RETURN_IF_ERROR(classify(pooled, &out->logits, &out->probs, opt));
   } else if (c.head.kind == HeadKind::lm) {
     const int64_t V = c.stem.vocab_size;
     Tensor logits = Tensor::empty({B, T, V});
     Tensor l2 = logits.reshape({B * T, V});
     TSR_RETURN_IF_ERROR(ex.linear(L.head, x.reshape({B * T, C}), l2));
-    // Next-token distribution after each item's last valid row.
-    Tensor last = Tensor::empty({B, V});
-    for (int64_t b = 0; b < B; ++b) last.select(0, b).copy_from(logits.select(0, b).select(0, std::max<int64_t>(len_of(b) - 1, 0)));
-    Tensor probs = Tensor::empty({B, V});
-    TSR_RETURN_IF_ERROR(ex.softmax(last, probs));
     out->logits = logits;
-    out->probs = probs;
+    if (!packed) {  // next-token distribution after each item's last valid row
+      Tensor last = Tensor::empty({B, V});
+      for (int64_t b = 0; b < B; ++b) {
+        const std::vector<int64_t> r = rows_of(lay, b, 0);
+        last.select(0, b).copy_from(logits.select(0, b).select(0, r.empty() ? 0 : r.back()));
+      }
+      Tensor probs = Tensor::empty({B, V});
+      TSR_RETURN_IF_ERROR(ex.softmax(last, probs));
+      out->probs = probs;
+    }
   }
   if (out->logits.defined()) cap.put("head.logits", out->logits);
   if (out->probs.defined()) cap.put("head.probs", out->probs);
   return Status::Ok();
+}
+
+Status Model::classify(const Tensor& pooled, Tensor* logits, Tensor* probs, const ForwardOptions& opt) const {
+  const ModelConfig& c = *cfg_;
+  if (c.head.kind != HeadKind::classifier) return Status::Invalid("classify: the model has no classifier head");
+  const model::Exec ex{opt.reference};
+  const int64_t N = pooled.dim(0);
+  *logits = Tensor::empty({N, c.head.n_classes});
+  TSR_RETURN_IF_ERROR(ex.linear(layers_->head, pooled, *logits));
+  *probs = Tensor::empty({N, c.head.n_classes});
+  return ex.softmax(*logits, *probs);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // Position encodings computed rather than learned: the sinusoidal table and rotary rotation.
 // Learned tables are parameters (pos.table, rel_k, rel_v) and need no code beyond a lookup.
+#include <algorithm>
 #include <cmath>
 
 #include "layers.h"
@@ -18,18 +19,23 @@ Tensor sinusoidal_table(int64_t T, int64_t C, double base) {
   return pe;
 }
 
-void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64_t pos0) {
+void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64_t pos0, const int32_t* positions) {
   const int64_t B = x.dim(0), H = x.dim(1), T = x.dim(2);
   const int64_t half = dims / 2;
-  // Angles depend on (position, pair) only: compute them once for all heads and items.
-  std::vector<float> cos_t(static_cast<size_t>(T * half)), sin_t(static_cast<size_t>(T * half));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(base, -2.0 * static_cast<double>(i) / dims);
-      const double a = static_cast<double>(pos0 + t) * inv_freq;
-      cos_t[t * half + i] = static_cast<float>(std::cos(a));
-      sin_t[t * half + i] = static_cast<float>(std::sin(a));
+  // Angles depend on (position, pair) only: compute them once for every position in use.
+  int64_t max_pos = pos0 + T - 1;
+  if (positions)
+    for (int64_t i = 0; i < B * T; ++i) max_pos = std::max<int64_t>(max_pos, positions[i]);
+  const int64_t P = max_pos + 1;
+  std::vector<float> cos_t(static_cast<size_t>(P * half)), sin_t(static_cast<size_t>(P * half));
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(dims));
+    for (int64_t p = 0; p < P; ++p) {
+      const double a = static_cast<double>(p) * inv_freq;
+      cos_t[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+      sin_t[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(a));
     }
+  }
   float* base_ptr = x.data<float>();
   const int64_t sb = x.stride(0), sh = x.stride(1), st = x.stride(2), sd = x.stride(3);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -37,8 +43,9 @@ void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
         float* row = base_ptr + b * sb + h * sh + t * st;
-        const float* c = &cos_t[t * half];
-        const float* s = &sin_t[t * half];
+        const int64_t p = positions ? positions[b * T + t] : pos0 + t;
+        const float* c = &cos_t[static_cast<size_t>(p * half)];
+        const float* s = &sin_t[static_cast<size_t>(p * half)];
         for (int64_t i = 0; i < half; ++i) {
           const int64_t i1 = style == RotaryStyle::half ? i : 2 * i;
           const int64_t i2 = style == RotaryStyle::half ? i + half : 2 * i + 1;

@@ -19,15 +19,15 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
     s.push_back({std::move(name), shape, init, head_cols});
   };
   const int64_t C = c.d_model, H = c.n_heads;
-  switch (c.stem.kind) {
-    case StemKind::tokens: add("stem.embed", {c.stem.vocab_size, C}, I::matrix); break;
-    case StemKind::features:
-      add("stem.proj", {c.stem.n_features, C}, I::matrix);
-      if (c.bias) add("stem.proj_bias", {C}, I::zeros);
-      if (c.stem.cls) add("stem.cls", {C}, I::matrix);
-      break;
-    case StemKind::identity: break;
+  const bool tokens = c.stem.kind == StemKind::tokens || c.stem.kind == StemKind::mixed;
+  const bool features = c.stem.kind == StemKind::features || c.stem.kind == StemKind::mixed;
+  if (tokens) add("stem.embed", {c.stem.vocab_size, C}, I::matrix);
+  if (features) {
+    add("stem.proj", {c.stem.n_features, C}, I::matrix);
+    if (c.bias) add("stem.proj_bias", {C}, I::zeros);
+    if (c.stem.cls) add("stem.cls", {C}, I::matrix);
   }
+  if (c.stem.modalities > 0) add("stem.modality", {c.stem.modalities, C}, I::matrix);
   if (c.positions.kind == PositionKind::learned) add("pos.table", {c.positions.max_len, C}, I::matrix);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
