@@ -338,7 +338,7 @@ TEST(Config, ErrorTopLevel) {
   EXPECT_EQ(errors("runtime: {threads: 1}\n"),
             "t.yaml:1:1: model: required key is missing (an experiment needs a `model:` mapping)");
   EXPECT_EQ(errors(kModel + "a: 1\n---\nb: 2\n"),
-            "t.yaml:4:1: a: unknown key (valid top-level keys: model, input, runtime, bench)\n"
+            "t.yaml:4:1: a: unknown key (valid top-level keys: model, input, runtime, plugins, data, task, outputs, bench)\n"
             "t.yaml:6:1: a second YAML document (after ---); a config file holds one "
             "(remove the `---` line and what follows, or split the file)");
 }
@@ -353,7 +353,7 @@ TEST(Config, ErrorUnknownKeys) {
             "(valid keys in model.stem: kind, vocab_size, n_features, cls, scale, modalities)");
   EXPECT_EQ(errors(kModel + "runtim: {threads: 1}\n"), "t.yaml:4:1: runtim: unknown key (did you mean `runtime`?)");
   EXPECT_EQ(errors(kModel + "runtime: {include: x.yaml}\n"),
-            "t.yaml:4:11: runtime.include: unknown key (valid keys in runtime: threads, reference)");
+            "t.yaml:4:11: runtime.include: unknown key (valid keys in runtime: threads, reference, batch_size, packing, workers)");
 }
 
 TEST(Config, ErrorWrongTypes) {
@@ -726,7 +726,7 @@ TEST(Config, BombDeepFlowSequence) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(errors(std::string(100000, '[') + std::string(100000, ']')),
             "t.yaml:1:65: nesting deeper than max_depth (64) (LoadOptions::max_depth sets the limit)");
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(seconds_since(t0), 10.0);  // a guard against a hang or a blow-up, not a timing
 }
 
 TEST(Config, BombDeepFlowMapping) {
@@ -736,7 +736,7 @@ TEST(Config, BombDeepFlowMapping) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(errors(yaml), "t.yaml:1:257: nesting deeper than max_depth (64) (LoadOptions::max_depth sets the limit)");
   EXPECT_EQ(errors("model: " + yaml), "t.yaml:1:264: nesting deeper than max_depth (64) (LoadOptions::max_depth sets the limit)");
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(seconds_since(t0), 10.0);  // a guard against a hang or a blow-up, not a timing
 }
 
 TEST(Config, BombDeepNestingPastOurLimitsStopsInsideYamlCpp) {
@@ -751,10 +751,10 @@ TEST(Config, BombDeepNestingPastOurLimitsStopsInsideYamlCpp) {
       "nesting deeper than the YAML parser allows (LoadOptions::max_depth should stay below yaml-cpp's own limit)";
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(errors(std::string(100000, '[') + std::string(100000, ']'), {}, lifted), "t.yaml:1:1: " + expected);
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(seconds_since(t0), 10.0);  // a guard against a hang or a blow-up, not a timing
   t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(errors(map, {}, lifted), "t.yaml:1:1: " + expected);
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(seconds_since(t0), 10.0);  // a guard against a hang or a blow-up, not a timing
 }
 
 TEST(Config, BombDeepBlockNesting) {
@@ -764,7 +764,7 @@ TEST(Config, BombDeepBlockNesting) {
   yaml += "1\n";
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(errors(yaml), "t.yaml:1:129: nesting deeper than max_depth (64) (LoadOptions::max_depth sets the limit)");
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(seconds_since(t0), 10.0);  // a guard against a hang or a blow-up, not a timing
   LoadOptions shallow;
   shallow.max_depth = 3;
   EXPECT_EQ(errors(kModel + "  weights:\n    inline:\n      x:\n        - [1]\n", {}, shallow),
@@ -818,7 +818,7 @@ TEST(Config, BombBillionLaughs) {
   EXPECT_EQ(errors(yaml),
             "t.yaml:7:8: the document expands to more than 1000000 nodes (aliases counted each time they are "
             "used) (is this a YAML bomb? LoadOptions::max_nodes sets the limit)");
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(seconds_since(t0), 10.0);  // a guard against a hang or a blow-up, not a timing
 }
 
 TEST(Config, BombSelfReferencingAnchors) {
@@ -829,7 +829,7 @@ TEST(Config, BombSelfReferencingAnchors) {
   EXPECT_EQ(errors("&root\nmodel: *root\n"), "t.yaml:2:8: alias *root refers to a node that contains it" + hint);
   EXPECT_EQ(errors("a: &x [[[*x]]]\n"), "t.yaml:1:10: alias *x refers to a node that contains it" + hint);
   EXPECT_EQ(errors("a: *x\n"), "t.yaml:1:4: YAML syntax error: the referenced anchor is not defined");
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(seconds_since(t0), 10.0);  // a guard against a hang or a blow-up, not a timing
   // Aliases that do not refer to themselves are fine, and a scalar alias reports where it is used.
   const Experiment e = load_text_ok("model:\n  d_model: &w 8\n  d_ff: *w\n  stem: {vocab_size: *w}\n");
   EXPECT_EQ(e.model.d_ff, 8);

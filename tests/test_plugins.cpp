@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "tessera/config.h"
 #include "tessera/plugins.h"
 
 using namespace tessera;
@@ -182,4 +183,65 @@ TEST(PluginEncoder, KeepsTheLibraryLoadedWhileInUse) {
   Encoder e = probe_encoder();  // the Plugin handle returned by load() is already gone here
   auto rows = e.encode(text_item("x", "still loaded"));
   EXPECT_TRUE(rows.ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plugin options in experiment files: checked against the plugin's own declarations.
+
+namespace {
+
+std::optional<Experiment> load_text(const std::string& yaml, Diagnostics* d) {
+  return load_experiment_from_string(yaml, "p.yaml", kDir, {}, d);
+}
+const std::string kModel = "model:\n  d_model: 8\n  stem: {kind: tokens, vocab_size: 300}\n";
+
+}  // namespace
+
+TEST(PluginConfig, OptionsAreValidatedAndCompletedWithDefaults) {
+  Diagnostics d;
+  auto e = load_text(kModel + "plugins:\n  - name: probe\n    path: .\n    options: {offset: 3}\n", &d);
+  ASSERT_TRUE(e) << d.str();
+  ASSERT_EQ(e->plugins.size(), 1u);
+  const PluginConfig& p = e->plugins[0];
+  EXPECT_EQ(p.name, "probe");
+  EXPECT_EQ(p.file, kDir + "/libtessera_probe.so");
+  EXPECT_EQ(p.options, (std::vector<std::pair<std::string, std::string>>{{"mode", "normal"}, {"offset", "3"}}));
+  EXPECT_EQ(p.option_where.at("offset").line, 7);
+  // The resolved experiment prints the plugin with every option and loads again to the same.
+  const std::string yaml = to_yaml(*e);
+  EXPECT_NE(yaml.find("plugins:\n  - name: \"probe\"\n    path: \"" + p.file + "\"\n    options:\n      mode: \"normal\"\n"
+                      "      offset: 3\n"),
+            std::string::npos) << yaml;
+  auto again = load_text(yaml, &d);
+  ASSERT_TRUE(again) << d.str();
+  EXPECT_EQ(again->plugins[0].options, p.options);
+  // The options drive a real encoder.
+  auto enc = Encoder::create(load_probe(), p.options);
+  ASSERT_TRUE(enc.ok()) << enc.status().message();
+  EXPECT_EQ(enc->info().vocab_size, 260);
+}
+
+TEST(PluginConfig, EveryProblemHasItsPlace) {
+  Diagnostics d;
+  EXPECT_FALSE(load_text(kModel + "plugins:\n  - name: probe\n    path: .\n    options:\n      ofset: 3\n"
+                                  "      mode: refuze\n  - name: nosuch\n  - path: .\n  - {name: probe, path: ., colour: red}\n",
+                         &d));
+  const std::string s = d.str();
+  EXPECT_NE(s.find("p.yaml:8:7: plugins[0].options.ofset: unknown option of plugin probe (did you mean `offset`?)"),
+            std::string::npos) << s;
+  EXPECT_NE(s.find("p.yaml:9:13: plugins[0].options.mode: \"refuze\" is not one of normal, refuse (did you mean "
+                   "`refuse`?)"),
+            std::string::npos) << s;
+  EXPECT_NE(s.find("p.yaml:10:11: plugins[1].name: no plugin named \"nosuch\""), std::string::npos) << s;
+  EXPECT_NE(s.find("p.yaml:11:5: plugins[2]: missing key `name`"), std::string::npos) << s;
+  EXPECT_NE(s.find("plugins[3].colour: unknown key"), std::string::npos) << s;
+  Diagnostics d2;
+  EXPECT_FALSE(load_text(kModel + "plugins:\n  - name: future\n    path: libtessera_future.so\n", &d2));
+  EXPECT_NE(d2.str().find("p.yaml:6:11: plugins[0].path: " + kDir +
+                          "/libtessera_future.so: built for plugin ABI version 999, but this Tessera speaks ABI "
+                          "version 1"),
+            std::string::npos) << d2.str();
+  Diagnostics d3;
+  EXPECT_FALSE(load_text(kModel + "plugins:\n  - {name: probe, path: ., options: {offset: 1.5}}\n", &d3));
+  EXPECT_NE(d3.str().find("plugins[0].options.offset: expected int, found 1.5"), std::string::npos) << d3.str();
 }

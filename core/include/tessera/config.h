@@ -164,6 +164,51 @@ struct InputConfig {
 struct RuntimeConfig {
   int threads = 0;         // intra-op threads; 0 = all cores
   bool reference = false;  // run the reference loops instead of oneDNN (slow; for checking)
+  int64_t batch_size = 8;  // tessera run: items per forward pass
+  bool packing = false;    // tessera run: several sequences per batch row instead of padding
+  int workers = 1;         // tessera run: threads decoding items with the plugins while the model runs
+};
+
+// ---------------------------------------------------------------------------------------------
+// Batch runs (`tessera run`): plugins turn items into rows, the model runs, outputs are written.
+
+// A modality plugin as the experiment configures it: its file, and every option as canonical text
+// (defaults filled in, types checked against the plugin's own option list, paths made absolute).
+struct PluginConfig {
+  std::string name;
+  std::string file;  // the plugin library, resolved through the search path
+  std::vector<std::pair<std::string, std::string>> options;  // in the plugin's declared order
+  std::vector<int> option_types;  // tsr_option_type of each option, for printing
+  Location where;
+  std::map<std::string, Location> option_where;  // options written in the YAML
+};
+
+enum class DataFormat : int { auto_detect = 0, dir = 1, glob = 2, manifest = 3, fasta = 4, lines = 5 };
+enum class TaskKind : int { embed = 0, hidden = 1, classify = 2, score = 3 };
+
+struct DataConfig {
+  std::string path;   // a file, directory or glob; relative to the YAML file; "" = none
+  Location where;
+  DataFormat format = DataFormat::auto_detect;  // resolved by the runner from the path
+  int64_t limit = 0;  // at most this many items; 0 = all
+};
+
+struct AttentionExportConfig {
+  std::vector<int64_t> layers;  // export these layers' attention weights; empty = none
+  std::vector<int64_t> heads;   // these heads; empty = all
+  bool png = true;              // also draw PNG heatmaps
+};
+
+struct TaskConfig {
+  TaskKind kind = TaskKind::embed;
+  int64_t top_k = 5;      // classify, score: how many classes / next tokens to report
+  std::string labels;     // classify: class names, one per line (else model.head.labels, else indices)
+  AttentionExportConfig attention;
+};
+
+struct OutputsConfig {
+  std::string dir;         // the run folder; resolved: runs/<experiment file's stem>, relative to the cwd
+  bool provenance = true;  // write per-row provenance (rows.jsonl)
 };
 
 struct BenchConfig {
@@ -179,6 +224,10 @@ struct Experiment {
   InputConfig input;
   RuntimeConfig runtime;
   BenchConfig bench;
+  std::vector<PluginConfig> plugins;
+  DataConfig data;
+  TaskConfig task;
+  OutputsConfig outputs;
   // Where every key that was written came from (key path -> location), for later diagnostics
   // (weights that do not fit name the key that chose them).
   std::map<std::string, Location> locations;
@@ -230,5 +279,7 @@ const char* stem_kind_name(StemKind s);
 const char* embed_scale_name(EmbedScale s);
 const char* head_kind_name(HeadKind h);
 const char* pool_kind_name(PoolKind p);
+const char* data_format_name(DataFormat f);
+const char* task_kind_name(TaskKind t);
 
 }  // namespace tessera

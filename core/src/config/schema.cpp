@@ -2,6 +2,7 @@
 // and checked, how it is printed, and the defaults and consistency rules that involve several keys.
 // The walk over the YAML tree and the file handling live in loader.cpp.
 #include "config/schema.h"
+#include "tessera/plugins.h"
 
 #include <algorithm>
 #include <charconv>
@@ -44,6 +45,11 @@ const Names<HeadKind> kHeadNames = {{"none", HeadKind::none},
                                     {"pool", HeadKind::pool},
                                     {"classifier", HeadKind::classifier},
                                     {"lm", HeadKind::lm}};
+const Names<DataFormat> kDataFormatNames = {{"auto", DataFormat::auto_detect}, {"dir", DataFormat::dir},
+                                            {"glob", DataFormat::glob},         {"manifest", DataFormat::manifest},
+                                            {"fasta", DataFormat::fasta},       {"lines", DataFormat::lines}};
+const Names<TaskKind> kTaskNames = {
+    {"embed", TaskKind::embed}, {"hidden", TaskKind::hidden}, {"classify", TaskKind::classify}, {"score", TaskKind::score}};
 const Names<PoolKind> kPoolNames = {{"cls", PoolKind::cls}, {"mean", PoolKind::mean}, {"last", PoolKind::last}};
 // Names from random.h, so that the config and the initialiser cannot disagree.
 const Names<InitScheme> kInitNames = [] {
@@ -521,9 +527,15 @@ KeyRule inline_weights_key() {
       if (value[0] == '\n') {
         std::string indented;
         for (char ch : value) indented += ch == '\n' ? std::string("\n  ") : std::string(1, ch);
-        out += "\n" + key_text(name) + ":" + indented;
+        out += '\n';
+        out += key_text(name);
+        out += ':';
+        out += indented;
       } else {
-        out += "\n" + key_text(name) + ": " + value;
+        out += '\n';
+        out += key_text(name);
+        out += ": ";
+        out += value;
       }
     }
     return out;
@@ -586,6 +598,322 @@ KeyRule input_ids_key() {
     std::string s = "[";
     for (size_t i = 0; i < e.input.ids.size(); ++i) s += (i ? ", " : "") + std::to_string(e.input.ids[i]);
     return s + "]";
+  };
+  return r;
+}
+
+
+// A list of ints written as a YAML sequence.
+KeyRule int_list_key(std::string path, IntBound b, std::string meaning, std::vector<int64_t> TaskConfig::*dummy,
+                     std::function<std::vector<int64_t>&(Experiment&)> get,
+                     std::function<const std::vector<int64_t>&(const Experiment&)> cget) {
+  (void)dummy;
+  KeyRule r;
+  r.spec = {std::move(path), std::string("list of ints ") + b.text, "[]", std::move(meaning)};
+  r.read = [get, b](const Node& n, const std::string& key, WalkContext& c) {
+    if (!n.is_sequence()) {
+      c.error(n, key, "expected a list of ints, found " + describe(n));
+      return false;
+    }
+    std::vector<int64_t> v(n.items.size());
+    bool ok = true;
+    for (size_t i = 0; i < n.items.size(); ++i)
+      ok = read_int(*n.items[i], key, c, b, &v[i], "entry " + std::to_string(i) + ": ") && ok;
+    if (ok) get(*c.exp) = std::move(v);
+    return ok;
+  };
+  r.print = [cget](const Experiment& e) {
+    std::string s = "[";
+    for (size_t i = 0; i < cget(e).size(); ++i) s += (i ? ", " : "") + std::to_string(cget(e)[i]);
+    return s + "]";
+  };
+  return r;
+}
+
+// A path resolved against the directory of the YAML file it is written in; must exist when
+// `must_exist`. Stored absolute.
+bool read_path(const Node& n, const std::string& key, WalkContext& c, bool must_exist, std::string* out) {
+  std::string text;
+  if (!read_string(n, key, c, &text)) return false;
+  if (text.empty()) {
+    c.error(n, key, "expected a path, found \"\"");
+    return false;
+  }
+  namespace fs = std::filesystem;
+  const std::string abs = (fs::path(c.dir_of(n)) / text).lexically_normal().string();
+  std::error_code ec;
+  if (must_exist && !fs::exists(abs, ec)) {
+    c.error(n, key, "not found: " + abs, "a relative path is resolved against the directory of the YAML file that names it");
+    return false;
+  }
+  *out = abs;
+  return true;
+}
+
+KeyRule data_path_key() {
+  KeyRule r;
+  r.spec = {"data.path", "path", "none",
+            "the dataset: a directory, a glob (data/*.jpg), a manifest (.csv, .jsonl), a FASTA file or a text file; "
+            "relative to the YAML file"};
+  r.nullable = true;
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    std::string p;
+    const std::string text = n.is_scalar() ? n.text : "";
+    const bool glob = text.find_first_of("*?[") != std::string::npos;
+    if (!read_path(n, key, c, !glob, &p)) return false;
+    c.exp->data.path = p;
+    c.exp->data.where = c.where(key);
+    return true;
+  };
+  r.print = [](const Experiment& e) { return e.data.path.empty() ? std::string("null") : quote(e.data.path); };
+  return r;
+}
+
+KeyRule task_labels_key() {
+  KeyRule r;
+  r.spec = {"task.labels", "path", "none",
+            "classify: class names, one per line (else model.head.labels, else class numbers)"};
+  r.nullable = true;
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    return read_path(n, key, c, true, &c.exp->task.labels);
+  };
+  r.print = [](const Experiment& e) { return e.task.labels.empty() ? std::string("null") : quote(e.task.labels); };
+  return r;
+}
+
+// A plugin option's canonical text as YAML that reads back to the same value.
+std::string plugin_option_yaml(const std::string& v, int type) {
+  switch (type) {
+    case TSR_OPT_BOOL:
+    case TSR_OPT_INT:
+    case TSR_OPT_FLOAT: return v;
+    case TSR_OPT_FLOAT_LIST:
+    case TSR_OPT_INT_LIST: {
+      std::string s = "[";
+      for (char ch : v) s += ch == ',' ? std::string(", ") : std::string(1, ch);
+      return s + "]";
+    }
+    default: return quote(v);
+  }
+}
+
+// One plugin option's YAML value, checked against the plugin's declaration, as canonical text.
+bool read_plugin_option(const Node& n, const std::string& key, WalkContext& c, const PluginOptionSpec& o,
+                        std::string* out) {
+  switch (o.type) {
+    case TSR_OPT_BOOL: {
+      bool b = false;
+      if (!read_bool(n, key, c, &b)) return false;
+      *out = b ? "true" : "false";
+      return true;
+    }
+    case TSR_OPT_INT: {
+      int64_t v = 0;
+      if (!read_int(n, key, c, {std::numeric_limits<int64_t>::min(), "any"}, &v)) return false;
+      *out = std::to_string(v);
+      return true;
+    }
+    case TSR_OPT_FLOAT: {
+      double v = 0;
+      if (!n.is_scalar() || !n.plain || !parse_float_text(n.text, &v) || !std::isfinite(v)) {
+        c.error(n, key, "expected a float, found " + describe(n));
+        return false;
+      }
+      *out = format_double(v);
+      return true;
+    }
+    case TSR_OPT_STRING: return read_string(n, key, c, out);
+    case TSR_OPT_PATH: return read_path(n, key, c, true, out);
+    case TSR_OPT_ENUM: {
+      std::string v;
+      if (!read_string(n, key, c, &v)) return false;
+      if (std::find(o.choices.begin(), o.choices.end(), v) == o.choices.end()) {
+        std::string list;
+        for (const std::string& ch : o.choices) list += (list.empty() ? "" : ", ") + ch;
+        const std::string near = nearest(v, o.choices);
+        c.error(n, key, "\"" + v + "\" is not one of " + list, near.empty() ? "" : "did you mean `" + near + "`?");
+        return false;
+      }
+      *out = v;
+      return true;
+    }
+    case TSR_OPT_FLOAT_LIST:
+    case TSR_OPT_INT_LIST: {
+      const bool ints = o.type == TSR_OPT_INT_LIST;
+      std::vector<const Node*> items;
+      if (n.is_sequence()) {
+        for (const NodePtr& it : n.items) items.push_back(it.get());
+      } else {
+        items.push_back(&n);  // one number stands for a list of one
+      }
+      std::string text;
+      for (size_t i = 0; i < items.size(); ++i) {
+        const std::string entry = "entry " + std::to_string(i) + ": ";
+        std::string v;
+        if (ints) {
+          int64_t x = 0;
+          if (!read_int(*items[i], key, c, {std::numeric_limits<int64_t>::min(), "any"}, &x, entry)) return false;
+          v = std::to_string(x);
+        } else {
+          double x = 0;
+          if (!items[i]->is_scalar() || !items[i]->plain || !parse_float_text(items[i]->text, &x) || !std::isfinite(x)) {
+            c.error(*items[i], key, entry + "expected a float, found " + describe(*items[i]));
+            return false;
+          }
+          v = format_double(x);
+        }
+        text += (i ? "," : "") + v;
+      }
+      if (items.empty()) {
+        c.error(n, key, "expected a list of numbers, found an empty list");
+        return false;
+      }
+      *out = text;
+      return true;
+    }
+  }
+  return false;
+}
+
+KeyRule plugins_key() {
+  KeyRule r;
+  r.spec = {"plugins", "list of {name, path, options}", "[]",
+            "the modality plugins that turn each item into token rows, in sequence order; each names a plugin "
+            "(libtessera_<name>.so on the plugin search path), optionally its file or folder (`path`, relative to "
+            "the YAML file), and its options (listed by `tessera plugins --options`)"};
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    if (!n.is_sequence()) {
+      c.error(n, key, "expected a list of plugins (- name: text ...), found " + describe(n));
+      return false;
+    }
+    bool ok = true;
+    std::vector<PluginConfig> out;
+    for (size_t i = 0; i < n.items.size(); ++i) {
+      const Node& item = *n.items[i];
+      const std::string at = key + "[" + std::to_string(i) + "]";
+      if (!item.is_map()) {
+        c.error(item, at, "expected a mapping (name:, path:, options:), found " + describe(item));
+        ok = false;
+        continue;
+      }
+      PluginConfig pc;
+      pc.where = item.pos.location();
+      const Node* name = nullptr;
+      const Node* path = nullptr;
+      const Node* options = nullptr;
+      for (const MapEntry& e : item.entries) {
+        if (e.key == "name") name = e.value.get();
+        else if (e.key == "path") path = e.value.get();
+        else if (e.key == "options") options = e.value.get();
+        else {
+          const std::string near = nearest(e.key, {"name", "path", "options"});
+          c.error(e.key_pos.location(), at + "." + e.key, "unknown key",
+                  near.empty() ? "valid keys: name, path, options" : "did you mean `" + near + "`?");
+          ok = false;
+        }
+      }
+      if (!name) {
+        c.error(item, at, "missing key `name`", "add `name: <plugin>` (see `tessera plugins`)");
+        ok = false;
+        continue;
+      }
+      if (!read_string(*name, at + ".name", c, &pc.name)) {
+        ok = false;
+        continue;
+      }
+      std::vector<std::string> dirs;
+      std::string file;
+      if (path && !path->is_null()) {
+        std::string p;
+        if (!read_path(*path, at + ".path", c, true, &p)) {
+          ok = false;
+          continue;
+        }
+        if (std::filesystem::is_directory(p)) dirs.push_back(p);
+        else file = p;
+      }
+      if (file.empty()) {
+        Result<std::string> found = find_plugin(pc.name, dirs);
+        if (!found.ok()) {
+          c.error(*name, at + ".name", found.status().message());
+          ok = false;
+          continue;
+        }
+        file = *found;
+      }
+      Result<std::shared_ptr<const Plugin>> plugin = Plugin::load(file);
+      if (!plugin.ok()) {
+        c.error(path ? *path : *name, at + (path ? ".path" : ".name"), plugin.status().message());
+        ok = false;
+        continue;
+      }
+      if ((*plugin)->name() != pc.name) {
+        c.error(*name, at + ".name", file + " is plugin \"" + (*plugin)->name() + "\", not \"" + pc.name + "\"");
+        ok = false;
+        continue;
+      }
+      pc.file = file;
+      std::map<std::string, std::string> given;
+      std::vector<std::string> known;
+      for (const PluginOptionSpec& o : (*plugin)->options()) known.push_back(o.name);
+      if (options && !options->is_null() && !options->is_map()) {
+        c.error(*options, at + ".options", "expected a mapping of options, found " + describe(*options));
+        ok = false;
+        continue;
+      }
+      for (size_t e = 0; options && options->is_map() && e < options->entries.size(); ++e) {
+        const MapEntry& entry = options->entries[e];
+        const std::string okey = at + ".options." + entry.key;
+        auto spec = std::find_if((*plugin)->options().begin(), (*plugin)->options().end(),
+                                 [&](const PluginOptionSpec& o) { return o.name == entry.key; });
+        if (spec == (*plugin)->options().end()) {
+          const std::string near = nearest(entry.key, known);
+          std::string list;
+          for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+          c.error(entry.key_pos.location(), okey, "unknown option of plugin " + pc.name,
+                  near.empty() ? "its options: " + list : "did you mean `" + near + "`?");
+          ok = false;
+          continue;
+        }
+        std::string value;
+        if (!read_plugin_option(*entry.value, okey, c, *spec, &value)) {
+          ok = false;
+          continue;
+        }
+        given[entry.key] = value;
+        pc.option_where[entry.key] = entry.key_pos.location();
+        c.exp->locations[okey] = entry.key_pos.location();
+      }
+      for (const PluginOptionSpec& o : (*plugin)->options()) {
+        auto g = given.find(o.name);
+        if (g != given.end()) {
+          pc.options.emplace_back(o.name, g->second);
+          pc.option_types.push_back(o.type);
+        } else if (o.default_value) {
+          pc.options.emplace_back(o.name, *o.default_value);
+          pc.option_types.push_back(o.type);
+        } else {
+          c.error(options ? *options : item, at + ".options." + o.name,
+                  "missing option `" + o.name + "` (required by plugin " + pc.name + ": " + o.meaning + ")",
+                  "add `" + o.name + ": <" + option_type_name(o.type) + ">` under options:");
+          ok = false;
+        }
+      }
+      out.push_back(std::move(pc));
+    }
+    if (ok) c.exp->plugins = std::move(out);
+    return ok;
+  };
+  r.print = [](const Experiment& e) {
+    if (e.plugins.empty()) return std::string("[]");
+    std::string s;
+    for (const PluginConfig& p : e.plugins) {
+      s += "\n- name: " + quote(p.name) + "\n  path: " + quote(p.file) + "\n  options:";
+      if (p.options.empty()) s += " {}";
+      for (size_t i = 0; i < p.options.size(); ++i)
+        s += "\n    " + p.options[i].first + ": " + plugin_option_yaml(p.options[i].second, p.option_types[i]);
+    }
+    return s;
   };
   return r;
 }
@@ -690,6 +1018,40 @@ std::vector<KeyRule> build_rules() {
                       FIELD(runtime.threads)));
   r.push_back(bool_key("runtime.reference", "false", "run the reference loops instead of oneDNN (slow; for checking)",
                        FIELD(runtime.reference)));
+  r.push_back(int_key("runtime.batch_size", kAtLeastOne, "8", "tessera run: items per forward pass",
+                      FIELD(runtime.batch_size)));
+  r.push_back(bool_key("runtime.packing", "false",
+                       "tessera run: pack several sequences into each batch row instead of padding them",
+                       FIELD(runtime.packing)));
+  r.push_back(int_key("runtime.workers", {0, ">= 0", kIntMax}, "1",
+                      "tessera run: threads decoding items with the plugins while the model runs; 0 = none",
+                      FIELD(runtime.workers)));
+  r.push_back(plugins_key());
+  r.push_back(data_path_key());
+  r.push_back(enum_key("data.format", kDataFormatNames, "auto",
+                       "how to read data.path; auto: a directory, a glob, .csv/.jsonl manifests, "
+                       ".fasta/.fa/.faa, else lines of text",
+                       FIELD(data.format)));
+  r.push_back(int_key("data.limit", kNonNegative, "0", "read at most this many items; 0 = all", FIELD(data.limit)));
+  r.push_back(enum_key("task.kind", kTaskNames, "embed",
+                       "embed: one pooled vector per item; hidden: every row's state; classify: top-k classes; "
+                       "score: next-token probabilities and the sequence's log-likelihood",
+                       FIELD(task.kind)));
+  r.push_back(int_key("task.top_k", kAtLeastOne, "5", "classify, score: how many classes or tokens to report",
+                      FIELD(task.top_k)));
+  r.push_back(task_labels_key());
+  r.push_back(int_list_key("task.attention.layers", kNonNegative, "export the attention weights of these layers",
+                           nullptr, [](Experiment& e) -> std::vector<int64_t>& { return e.task.attention.layers; },
+                           [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.attention.layers; }));
+  r.push_back(int_list_key("task.attention.heads", kNonNegative, "of these heads; [] = every head", nullptr,
+                           [](Experiment& e) -> std::vector<int64_t>& { return e.task.attention.heads; },
+                           [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.attention.heads; }));
+  r.push_back(bool_key("task.attention.png", "true", "also draw each exported map as a PNG heatmap",
+                       FIELD(task.attention.png)));
+  r.push_back(string_key("outputs.dir", "runs/<experiment name>",
+                         "the run folder, relative to the current directory", FIELD(outputs.dir)));
+  r.push_back(bool_key("outputs.provenance", "true", "write each row's provenance (rows.jsonl)",
+                       FIELD(outputs.provenance)));
   r.push_back(int_key("bench.batch", kAtLeastOne, "1", "sequences per batch (B)", FIELD(bench.batch)));
   r.push_back(int_key("bench.seq_len", kAtLeastOne, "min(positions.max_len, 128)", "rows per sequence (T)",
                       FIELD(bench.seq_len)));
@@ -1004,5 +1366,7 @@ const char* stem_kind_name(StemKind s) { return config::name_of(config::kStemNam
 const char* embed_scale_name(EmbedScale s) { return config::name_of(config::kEmbedScaleNames, s); }
 const char* head_kind_name(HeadKind h) { return config::name_of(config::kHeadNames, h); }
 const char* pool_kind_name(PoolKind p) { return config::name_of(config::kPoolNames, p); }
+const char* data_format_name(DataFormat f) { return config::name_of(config::kDataFormatNames, f); }
+const char* task_kind_name(TaskKind t) { return config::name_of(config::kTaskNames, t); }
 
 }  // namespace tessera
