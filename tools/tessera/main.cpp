@@ -51,11 +51,14 @@ int main(int argc, char** argv) {
   CLI::App app{"tessera: transformers over any modality, on oneDNN"};
   app.require_subcommand(1);
   std::function<int()> run;
+  add_run_command(app, &run);
   add_check_command(app, &run);
   add_explain_command(app, &run);
   add_forward_command(app, &run);
   add_bench_command(app, &run);
   add_export_command(app, &run);
+  add_plugins_command(app, &run);
+  add_tokenize_command(app, &run);
   add_schema_command(app, &run);
   add_version(app, &run);
   try {

@@ -1,0 +1,96 @@
+// Batch runs: an experiment over a whole dataset — the main job of `tessera run`.
+//
+//   dataset (dir / glob / manifest / FASTA / lines) -> items -> plugins -> token rows
+//     -> batches (padding or packing) -> model -> outputs in the run folder
+//
+//   RunOptions opt;  opt.resume = true;
+//   Result<RunSummary> r = run_experiment(exp, opt);   // exp from load_experiment()
+//
+// The run folder holds: manifest.json (what ran: config and model hashes, plugin versions, batches
+// done), errors.jsonl (one line per bad item: id, file, reason), and by task: embeddings.npy +
+// index.jsonl (embed), hidden.npy + index.jsonl with row offsets (hidden), predictions.jsonl
+// (classify, score), rows.jsonl (provenance of every row), attention/ (.npy per item and layer,
+// PNG heatmaps). See docs/RUNS.md.
+//
+// Nothing is lost: each batch's outputs are written atomically (temp file, fsync, rename) before the
+// manifest records the batch as done; a killed run continues with `resume` from the first batch not
+// done and ends with byte-identical outputs; a resume refuses when the config (incl. batch size and
+// threads, which decide the arithmetic) or the model changed. A bad item is recorded and skipped;
+// the summary counts it. Progress goes to stderr.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/config.h"
+#include "tessera/model.h"
+#include "tessera/plugins.h"
+#include "tessera/status.h"
+
+namespace tessera {
+
+// ---------------------------------------------------------------------------------------------
+// Datasets
+
+// One input of one item for one plugin: a file (read when the item is encoded) or a span of text.
+struct ItemPart {
+  std::string path;           // a file to read whole (TSR_INPUT_FILE plugins), or the text's file
+  bool is_text = false;       // text: the bytes [offset, offset + length) of `path`, or `text`
+  std::string text;           // inline text (manifests)
+  uint64_t offset = 0, length = 0;
+  uint32_t line = 0;          // the text's first line in `path` (1-based), 0 when not from a file
+};
+
+struct DataItem {
+  std::string id;                 // stable and unique: "cats/tabby.jpg", "uniprot.fasta#12", "kjv.txt:17"
+  std::string name;               // a human name when the format has one (FASTA record name), else ""
+  std::vector<ItemPart> parts;    // one per plugin, in plugin order
+  std::optional<std::string> label;  // from a manifest's label column
+  std::string error;                 // non-empty: the item is broken before any plugin sees it
+};
+
+// Lists a dataset's items (format auto-detected unless given). `plugins` say which inputs each item
+// needs: text or files, and which file extensions a directory scan picks. Problems with the
+// dataset itself (a missing file, a malformed manifest line) are errors naming the file and line.
+struct PluginInput {
+  std::string name;
+  tsr_input_kind kind = TSR_INPUT_FILE;
+  std::vector<std::string> extensions;
+};
+Result<std::vector<DataItem>> read_dataset(const DataConfig& data, const std::vector<PluginInput>& plugins);
+
+// ---------------------------------------------------------------------------------------------
+// Runs
+
+struct RunOptions {
+  std::string out_dir;   // overrides outputs.dir when non-empty
+  bool resume = false;   // continue the run in out_dir
+  bool force = false;    // start over in a run folder that already has a run
+  bool progress = true;  // items/s and ETA on stderr
+  // Called after each batch is committed (tests use it to stop a run midway).
+  std::function<void(int64_t batches_done, int64_t batches_total)> on_batch;
+};
+
+struct RunSummary {
+  std::string dir;          // the run folder
+  int64_t items = 0;        // items in the dataset (after data.limit)
+  int64_t sequences = 0;    // sequences written (an item can give several: windows)
+  int64_t failed = 0;       // items recorded in errors.jsonl
+  int64_t batches = 0;
+  int64_t batches_resumed = 0;  // batches found done and skipped
+  double seconds = 0;
+};
+
+// Runs the experiment over its dataset. Failures that stop the run (no dataset, plugins that do
+// not fit the model, a run folder in the way, a resume that does not match) come back as a status;
+// bad items do not: they are counted in the summary.
+Result<RunSummary> run_experiment(const Experiment& exp, const RunOptions& options);
+
+// Problems between the experiment's plugins and its model (row kinds, vocabulary, feature width,
+// modalities), as diagnostics at the plugin's place in the YAML. Creates one encoder per plugin.
+void check_plugins_fit(const Experiment& exp, Diagnostics* diags);
+
+}  // namespace tessera

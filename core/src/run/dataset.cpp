@@ -1,0 +1,386 @@
+// Datasets: a directory, a glob, a manifest (CSV or JSONL), a FASTA file or a text file, listed as
+// items with stable ids. Files are not read here beyond what splitting needs (FASTA records, lines,
+// manifest rows); plugins see the bytes later. A broken item is listed with its error, not dropped.
+#include <glob.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tessera/fileio.h"
+#include "tessera/run.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool has_wildcard(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
+
+DataFormat detect(const std::string& path) {
+  if (has_wildcard(path)) return DataFormat::glob;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return DataFormat::dir;
+  const std::string ext = lower(fs::path(path).extension().string());
+  if (ext == ".csv" || ext == ".jsonl") return DataFormat::manifest;
+  if (ext == ".fasta" || ext == ".fa" || ext == ".faa" || ext == ".fas") return DataFormat::fasta;
+  return DataFormat::lines;
+}
+
+bool wanted(const PluginInput& p, const fs::path& file) {
+  if (p.extensions.empty()) return true;
+  const std::string ext = lower(file.extension().string());
+  return std::find(p.extensions.begin(), p.extensions.end(), ext) != p.extensions.end();
+}
+
+// A whole file as the one input of an item.
+ItemPart file_part(const PluginInput& p, const std::string& path) {
+  ItemPart part;
+  part.path = path;
+  part.is_text = p.kind == TSR_INPUT_TEXT;
+  std::error_code ec;
+  part.length = part.is_text ? fs::file_size(path, ec) : 0;
+  part.line = part.is_text ? 1 : 0;
+  return part;
+}
+
+Status one_plugin(const std::vector<PluginInput>& plugins, const char* format) {
+  if (plugins.size() != 1)
+    return Status::Invalid(std::string("a ") + format + " dataset feeds exactly one plugin, but the experiment has " +
+                           std::to_string(plugins.size()) + " (pair inputs of several plugins in a manifest)");
+  return Status::Ok();
+}
+
+Result<std::vector<DataItem>> list_files(const std::vector<std::string>& files, const fs::path& base,
+                                         const PluginInput& p) {
+  std::vector<DataItem> items;
+  for (const std::string& f : files) {
+    DataItem it;
+    it.id = fs::path(f).lexically_relative(base).generic_string();
+    it.parts.push_back(file_part(p, f));
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
+Result<std::vector<DataItem>> read_dir(const std::string& dir, const PluginInput& p) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) return Status::IoError(dir + ": cannot list the directory: " + ec.message());
+    if (it->is_regular_file(ec) && wanted(p, it->path()) && it->path().filename().string()[0] != '.')
+      files.push_back(it->path().string());
+  }
+  if (ec) return Status::IoError(dir + ": cannot list the directory: " + ec.message());
+  std::sort(files.begin(), files.end());
+  if (files.empty())
+    return Status::NotFound(dir + ": no files for plugin " + p.name + " (it reads " +
+                            (p.extensions.empty() ? std::string("any file") : [&] {
+                              std::string e;
+                              for (const auto& x : p.extensions) e += (e.empty() ? "" : ", ") + x;
+                              return e;
+                            }()) + ")");
+  return list_files(files, dir, p);
+}
+
+Result<std::vector<DataItem>> read_glob(const std::string& pattern, const PluginInput& p) {
+  glob_t g{};
+  const int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> files;
+  for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) {
+    std::error_code ec;
+    if (fs::is_regular_file(g.gl_pathv[i], ec)) files.push_back(g.gl_pathv[i]);
+  }
+  globfree(&g);
+  if (rc != 0 && rc != GLOB_NOMATCH) return Status::IoError(pattern + ": the glob could not be expanded");
+  if (files.empty()) return Status::NotFound(pattern + ": the glob matches no file");
+  std::sort(files.begin(), files.end());
+  // ids are relative to the pattern's directory part before the first wildcard
+  const std::string fixed = pattern.substr(0, pattern.find_first_of("*?["));
+  const fs::path base = fixed.back() == '/' ? fs::path(fixed) : fs::path(fixed).parent_path();
+  return list_files(files, base, p);
+}
+
+Result<std::vector<DataItem>> read_fasta(const std::string& path) {
+  Result<std::shared_ptr<MappedFile>> m = MappedFile::open(path);
+  if (!m.ok()) return m.status();
+  const char* data = reinterpret_cast<const char*>((*m)->data());
+  const size_t n = (*m)->size();
+  const std::string base = fs::path(path).filename().string();
+  std::vector<DataItem> items;
+  bool in_record = false, junk_reported = false;
+  auto close = [&](size_t end) {
+    if (in_record) items.back().parts[0].length = end - items.back().parts[0].offset;
+  };
+  uint32_t line = 1;
+  for (size_t pos = 0; pos < n; ++line) {
+    const size_t eol = static_cast<size_t>(std::find(data + pos, data + n, '\n') - data);
+    if (data[pos] == '>') {  // a header starts a record, which runs to the next header
+      close(pos);
+      DataItem it;
+      it.id = base + "#" + std::to_string(items.size() + 1 - (junk_reported ? 1 : 0));
+      const char* name_end = std::find_if(data + pos + 1, data + eol, [](char c) { return std::isspace(static_cast<unsigned char>(c)); });
+      it.name = std::string(data + pos + 1, name_end);
+      ItemPart part;
+      part.path = path;
+      part.is_text = true;
+      part.offset = pos;
+      part.line = line;
+      it.parts.push_back(part);
+      items.push_back(std::move(it));
+      in_record = true;
+    } else if (!in_record && !junk_reported &&
+               !std::all_of(data + pos, data + eol, [](char c) { return std::isspace(static_cast<unsigned char>(c)); })) {
+      // Text before the first header: one broken item, so the run records it and goes on.
+      DataItem it;
+      it.id = base + ":" + std::to_string(line);
+      it.error = path + ":" + std::to_string(line) + ":1: sequence data before the first '>' header line "
+                 "(every FASTA record starts with '>name')";
+      items.push_back(std::move(it));
+      junk_reported = true;
+    }
+    pos = eol + 1;
+  }
+  close(n);
+  if (items.empty() || (junk_reported && items.size() == 1))
+    return Status::NotFound(path + ": no FASTA records (no line starts with '>')");
+  return items;
+}
+
+Result<std::vector<DataItem>> read_lines(const std::string& path, const PluginInput& p) {
+  Result<std::shared_ptr<MappedFile>> m = MappedFile::open(path);
+  if (!m.ok()) return m.status();
+  const char* data = reinterpret_cast<const char*>((*m)->data());
+  const size_t n = (*m)->size();
+  const std::string base = fs::path(path).filename().string();
+  std::vector<DataItem> items;
+  uint32_t line = 0;
+  for (size_t pos = 0; pos < n;) {
+    ++line;
+    size_t eol = std::find(data + pos, data + n, '\n') - data;
+    size_t end = eol;
+    if (end > pos && data[end - 1] == '\r') --end;
+    if (end > pos) {  // empty lines are not items
+      DataItem it;
+      it.id = base + ":" + std::to_string(line);
+      ItemPart part;
+      part.path = path;
+      part.is_text = true;
+      part.offset = pos;
+      part.length = end - pos;
+      part.line = line;
+      it.parts.push_back(part);
+      items.push_back(std::move(it));
+    }
+    pos = eol + 1;
+  }
+  (void)p;
+  if (items.empty()) return Status::NotFound(path + ": no lines with text");
+  return items;
+}
+
+// ---- Manifests ---------------------------------------------------------------------------------
+
+// One CSV record (RFC 4180: quoted fields, "" inside quotes, newlines inside quotes). Returns false
+// at the end of the text; sets *error on an unterminated quote.
+bool next_csv_record(const std::string& s, size_t* pos, uint32_t* line, std::vector<std::string>* fields,
+                     std::string* error) {
+  fields->clear();
+  if (*pos >= s.size()) return false;
+  std::string field;
+  bool quoted = false, was_quoted = false;
+  const uint32_t start_line = *line;
+  size_t col = 1;
+  while (*pos < s.size()) {
+    const char c = s[(*pos)++];
+    ++col;
+    if (quoted) {
+      if (c == '"') {
+        if (*pos < s.size() && s[*pos] == '"') {
+          field += '"';
+          ++*pos;
+        } else {
+          quoted = false;
+        }
+      } else {
+        if (c == '\n') ++*line;
+        field += c;
+      }
+    } else if (c == '"' && field.empty() && !was_quoted) {
+      quoted = was_quoted = true;
+    } else if (c == ',') {
+      fields->push_back(field);
+      field.clear();
+      was_quoted = false;
+    } else if (c == '\n') {
+      ++*line;
+      if (!field.empty() && field.back() == '\r') field.pop_back();
+      fields->push_back(field);
+      return true;
+    } else {
+      field += c;
+    }
+  }
+  if (quoted) {
+    *error = "line " + std::to_string(start_line) + ": a quoted field is not closed before the end of the file";
+    return false;
+  }
+  if (!field.empty() && field.back() == '\r') field.pop_back();
+  fields->push_back(field);
+  return true;
+}
+
+// Builds an item from a manifest row given as name -> value.
+DataItem manifest_item(const std::map<std::string, std::string>& row, const std::vector<PluginInput>& plugins,
+                       const fs::path& dir, const std::string& default_id) {
+  DataItem it;
+  auto get = [&](const std::string& k) -> const std::string* {
+    auto f = row.find(k);
+    return f == row.end() ? nullptr : &f->second;
+  };
+  it.id = get("id") && !get("id")->empty() ? *get("id") : default_id;
+  if (get("label") && !get("label")->empty()) it.label = *get("label");
+  for (const PluginInput& p : plugins) {
+    ItemPart part;
+    const std::string* v = get(p.name);
+    bool is_path = p.kind == TSR_INPUT_FILE;
+    if (!v && plugins.size() == 1) {
+      if ((v = get("path"))) is_path = true;
+      else if ((v = get("text"))) is_path = false;
+    }
+    if (!v || v->empty()) {
+      it.error = default_id + ": no input for plugin " + p.name + " (give a `" + p.name + "` field" +
+                 (plugins.size() == 1 ? ", or `path` or `text`" : "") + ")";
+      return it;
+    }
+    if (is_path) {
+      const std::string file = (dir / *v).lexically_normal().string();
+      std::error_code ec;
+      if (!fs::is_regular_file(file, ec)) {
+        it.error = default_id + ": " + file + ": no such file";
+        return it;
+      }
+      part = file_part(p, file);
+    } else {
+      if (p.kind == TSR_INPUT_FILE) {
+        it.error = default_id + ": plugin " + p.name + " reads files; give a path, not text";
+        return it;
+      }
+      part.is_text = true;
+      part.text = *v;
+    }
+    it.parts.push_back(part);
+  }
+  return it;
+}
+
+Result<std::vector<DataItem>> read_manifest(const std::string& path, const std::vector<PluginInput>& plugins) {
+  Result<std::string> text = read_file(path);
+  if (!text.ok()) return text.status();
+  const fs::path dir = fs::path(path).parent_path();
+  const std::string base = fs::path(path).filename().string();
+  std::vector<DataItem> items;
+  if (lower(fs::path(path).extension().string()) == ".jsonl") {
+    const std::string& s = *text;
+    uint32_t line = 0;
+    for (size_t pos = 0; pos < s.size();) {
+      ++line;
+      const size_t eol = std::min(s.find('\n', pos), s.size());
+      const std::string l = s.substr(pos, eol - pos);
+      pos = eol + 1;
+      if (l.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string id = base + ":" + std::to_string(line);
+      nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) {
+        DataItem it;
+        it.id = id;
+        it.error = path + ":" + std::to_string(line) + ": not a JSON object (each line of a .jsonl manifest is one)";
+        items.push_back(std::move(it));
+        continue;
+      }
+      std::map<std::string, std::string> row;
+      for (auto& [k, v] : j.items()) row[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      items.push_back(manifest_item(row, plugins, dir, id));
+    }
+  } else {
+    size_t pos = 0;
+    uint32_t line = 1;
+    std::vector<std::string> header, fields;
+    std::string error;
+    if (!next_csv_record(*text, &pos, &line, &header, &error))
+      return Status::ParseError(path + ": " + (error.empty() ? "empty manifest (the first line names the columns)" : error));
+    for (auto& h : header) h = lower(h);
+    for (uint32_t start = line; next_csv_record(*text, &pos, &line, &fields, &error); start = line) {
+      if (fields.size() == 1 && fields[0].empty()) continue;  // a blank line
+      const std::string id = base + ":" + std::to_string(start);
+      if (fields.size() != header.size()) {
+        DataItem it;
+        it.id = id;
+        it.error = path + ":" + std::to_string(start) + ": " + std::to_string(fields.size()) + " fields, but the header names " +
+                   std::to_string(header.size()) + " columns";
+        items.push_back(std::move(it));
+        continue;
+      }
+      std::map<std::string, std::string> row;
+      for (size_t i = 0; i < header.size(); ++i) row[header[i]] = fields[i];
+      items.push_back(manifest_item(row, plugins, dir, id));
+    }
+    if (!error.empty()) return Status::ParseError(path + ": " + error);
+  }
+  if (items.empty()) return Status::NotFound(path + ": the manifest lists no items");
+  return items;
+}
+
+}  // namespace
+
+Result<std::vector<DataItem>> read_dataset(const DataConfig& data, const std::vector<PluginInput>& plugins) {
+  if (data.path.empty()) return Status::Invalid("no dataset: set data.path (a directory, glob, manifest, FASTA or text file)");
+  if (plugins.empty()) return Status::Invalid("no plugins: list at least one under plugins: to turn items into rows");
+  const DataFormat f = data.format == DataFormat::auto_detect ? detect(data.path) : data.format;
+  std::error_code ec;
+  if (f != DataFormat::glob && !fs::exists(data.path, ec)) return Status::NotFound(data.path + ": no such file or directory");
+  Result<std::vector<DataItem>> items = Status::Internal("unknown data format");
+  switch (f) {
+    case DataFormat::dir:
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "directory"));
+      items = read_dir(data.path, plugins[0]);
+      break;
+    case DataFormat::glob:
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "glob"));
+      items = read_glob(data.path, plugins[0]);
+      break;
+    case DataFormat::manifest: items = read_manifest(data.path, plugins); break;
+    case DataFormat::fasta:
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "FASTA"));
+      if (plugins[0].kind != TSR_INPUT_TEXT)
+        return Status::Invalid("a FASTA dataset needs a plugin that reads text, but " + plugins[0].name + " reads files");
+      items = read_fasta(data.path);
+      break;
+    case DataFormat::lines:
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "text-lines"));
+      if (plugins[0].kind != TSR_INPUT_TEXT)
+        return Status::Invalid(data.path + " is read as lines of text, but plugin " + plugins[0].name +
+                               " reads files (point data.path at a directory or a manifest instead)");
+      items = read_lines(data.path, plugins[0]);
+      break;
+    case DataFormat::auto_detect: break;
+  }
+  if (!items.ok()) return items.status();
+  if (data.limit > 0 && static_cast<int64_t>(items->size()) > data.limit) items->resize(static_cast<size_t>(data.limit));
+  // Ids must be unique: outputs are keyed by them.
+  std::vector<std::string> ids;
+  for (const DataItem& it : *items) ids.push_back(it.id);
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 1; i < ids.size(); ++i)
+    if (ids[i] == ids[i - 1]) return Status::Invalid(data.path + ": item id \"" + ids[i] + "\" appears twice (ids must be unique)");
+  return items;
+}
+
+}  // namespace tessera

@@ -1,0 +1,802 @@
+// The batch runner behind `tessera run`: items -> plugins -> batches -> model -> outputs, one batch
+// at a time, each committed atomically before the manifest records it, so a killed run resumes
+// where it stopped. Plugins decode the next batch on worker threads while the model runs.
+// Dataset listing is dataset.cpp's; heatmaps are heatmap.cpp's.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "heatmap.h"
+#include "tessera/fileio.h"
+#include "tessera/npy.h"
+#include "tessera/run.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int kManifestFormat = 1;
+
+// One sequence ready for the model: an item's rows (all its plugins' rows, concatenated), or one
+// window of an item.
+struct Sequence {
+  int64_t item = 0;
+  std::string id;
+  TokenRows rows;
+  std::vector<uint8_t> kinds;      // per row: 0 token row, 1 feature row
+  std::vector<int32_t> modality;   // per row: the plugin it came from
+};
+
+struct ItemError {
+  int64_t item = 0;
+  std::string id, file, reason;
+};
+
+struct EncodedBatch {
+  std::vector<Sequence> seqs;
+  std::vector<ItemError> errors;
+};
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+std::string hex64(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::string batch_name(int64_t k) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "batch-%06lld", static_cast<long long>(k));
+  return buf;
+}
+
+// A file name for an item id: readable, and unique through a hash of the id.
+std::string safe_name(const std::string& id) {
+  std::string s;
+  for (char c : id) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
+  if (s.size() > 80) s = s.substr(s.size() - 80);
+  return s + "-" + hex64(fnv1a(id.data(), id.size(), kFnvOffset)).substr(0, 8);
+}
+
+Result<std::string> item_bytes(const ItemPart& p) {
+  if (p.path.empty()) return p.text;
+  if (!p.is_text || p.offset == 0) {
+    Result<std::string> all = read_file(p.path);
+    if (!all.ok() || !p.is_text || all->size() == p.length) return all;
+  }
+  std::ifstream f(p.path, std::ios::binary);
+  std::string buf(p.length, '\0');
+  if (!f || !f.seekg(static_cast<std::streamoff>(p.offset)) || !f.read(buf.data(), static_cast<std::streamsize>(p.length)))
+    return Status::IoError(p.path + ": cannot read bytes " + std::to_string(p.offset) + ".." +
+                           std::to_string(p.offset + p.length));
+  return buf;
+}
+
+const char* role_name(uint8_t r) {
+  static const char* names[] = {"content", "cls", "eos", "pad", "mask", "sep", "bos", "unk"};
+  return r < 8 ? names[r] : "?";
+}
+
+json provenance_json(const Sequence& s) {
+  json rows = json::array();
+  for (int64_t i = 0; i < s.rows.size(); ++i) {
+    const tsr_provenance& p = s.rows.provenance[static_cast<size_t>(i)];
+    json r = {{"role", role_name(s.rows.roles[static_cast<size_t>(i)])},
+              {"pos", {s.rows.positions[static_cast<size_t>(i)][0], s.rows.positions[static_cast<size_t>(i)][1]}}};
+    switch (p.kind) {
+      case TSR_PROV_BYTES: r["bytes"] = {p.x0, p.x1}; break;
+      case TSR_PROV_PIXELS: r["pixels"] = {p.x0, p.y0, p.x1, p.y1}; break;
+      case TSR_PROV_TIME_FREQ: r["seconds"] = {p.x0, p.x1}, r["mel_bands"] = {p.y0, p.y1}; break;
+      case TSR_PROV_RESIDUE: r["residues"] = {p.x0, p.x1}; break;
+      default: break;
+    }
+    if (!s.modality.empty()) r["plugin"] = s.modality[static_cast<size_t>(i)];
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+class Progress {
+ public:
+  Progress(bool on, int64_t total) : on_(on), total_(total), tty_(isatty(2)), start_(now()), last_(start_) {}
+  void update(int64_t done, int64_t failed, bool final = false) {
+    if (!on_) return;
+    const double t = now();
+    const double every = tty_ ? 0.5 : 10.0;
+    if (!final && t - last_ < every) return;
+    last_ = t;
+    const double rate = (done - first_done_) / std::max(t - start_, 1e-9);
+    const double eta = rate > 0 ? (total_ - done) / rate : 0;
+    std::fprintf(stderr, "%srun: %lld/%lld items (%.0f %%), %.1f items/s, ETA %.0f s, %lld failed%s",
+                 tty_ ? "\r" : "", static_cast<long long>(done), static_cast<long long>(total_),
+                 total_ ? 100.0 * done / total_ : 100.0, rate, eta, static_cast<long long>(failed),
+                 tty_ && !final ? "   " : "\n");
+    std::fflush(stderr);
+  }
+  void resumed_at(int64_t done) { first_done_ = done; }
+
+ private:
+  static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+  bool on_;
+  int64_t total_;
+  bool tty_;
+  double start_, last_;
+  int64_t first_done_ = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Plugins against the model
+
+void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
+  const ModelConfig& m = exp.model;
+  const StemConfig& s = m.stem;
+  std::set<uint32_t> kinds;
+  for (size_t i = 0; i < exp.plugins.size(); ++i) {
+    const PluginConfig& pc = exp.plugins[i];
+    const std::string key = "plugins[" + std::to_string(i) + "]";
+    Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
+    if (!p.ok()) {
+      diags->add(pc.where, key, p.status().message());
+      continue;
+    }
+    Result<Encoder> e = Encoder::create(*p, pc.options);
+    if (!e.ok()) {
+      const std::string& msg = e.status().message();
+      // A plugin that names its option at fault is reported at that option.
+      Location at = pc.where;
+      std::string k = key;
+      for (const auto& [name, where] : pc.option_where)
+        if (msg.find("option " + name + ":") != std::string::npos) {
+          at = where;
+          k = key + ".options." + name;
+        }
+      diags->add(at, k, msg);
+      continue;
+    }
+    const tsr_encoder_info& info = e->info();
+    kinds.insert(info.rows_kind);
+    const std::string who = "plugin " + pc.name;
+    if (info.rows_kind == TSR_ROWS_IDS) {
+      if (s.kind != StemKind::tokens && s.kind != StemKind::mixed)
+        diags->add(pc.where, key, who + " gives token ids, but model.stem.kind is " + stem_kind_name(s.kind),
+                   "use stem.kind tokens (or mixed with feature plugins)");
+      else if (info.vocab_size > s.vocab_size)
+        diags->add(pc.where, key,
+                   who + "'s vocabulary has " + std::to_string(info.vocab_size) + " ids, more than model.stem.vocab_size (" +
+                       std::to_string(s.vocab_size) + ")",
+                   "raise stem.vocab_size, or give the plugin the model's vocabulary");
+    } else {
+      const int64_t F = s.kind == StemKind::identity ? m.d_model : s.n_features;
+      if (s.kind == StemKind::tokens)
+        diags->add(pc.where, key, who + " gives feature rows, but model.stem.kind is tokens",
+                   "use stem.kind features (or mixed with token plugins)");
+      else if (static_cast<int64_t>(info.width) != F)
+        diags->add(pc.where, key,
+                   who + "'s rows are " + std::to_string(info.width) + " wide, but the model reads " + std::to_string(F) +
+                       (s.kind == StemKind::identity ? " (d_model)" : " (model.stem.n_features)"),
+                   "make them agree (e.g. the plugin's patch size and channels, or stem.n_features)");
+    }
+    const bool limited = m.positions.kind == PositionKind::learned || m.positions.kind == PositionKind::sinusoidal;
+    if (limited && info.max_rows > m.positions.max_len && exp.plugins.size() == 1)
+      diags->add(pc.where, key,
+                 who + " can give " + std::to_string(info.max_rows) + " rows, more than model.positions.max_len (" +
+                     std::to_string(m.positions.max_len) + ")",
+                 "lower the plugin's maximum length, or raise positions.max_len");
+  }
+  if (kinds.size() > 1 && s.kind != StemKind::mixed)
+    diags->add(exp.where("model.stem.kind"), "model.stem.kind",
+               "the plugins give both token ids and feature rows, which needs stem.kind mixed");
+  if (s.modalities > 0 && s.modalities < static_cast<int64_t>(exp.plugins.size()))
+    diags->add(exp.where("model.stem.modalities"), "model.stem.modalities",
+               std::to_string(s.modalities) + " modality embeddings for " + std::to_string(exp.plugins.size()) + " plugins",
+               "give at least one per plugin");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run
+
+namespace {
+
+class Runner {
+ public:
+  Runner(const Experiment& exp, const RunOptions& opt) : exp_(exp), opt_(opt) {}
+  Result<RunSummary> run();
+
+ private:
+  Status setup();
+  Status open_folder();
+  EncodedBatch encode_batch(int64_t k);
+  void encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch* out) const;
+  Status run_batch(int64_t k, const EncodedBatch& eb);
+  Status write_attention(const Sequence& s, int64_t b, int64_t start, const Outputs& out) const;
+  Status write_manifest(const std::string& state) const;
+  Status finalize();
+  std::string class_name(int64_t k) const;
+
+  const Experiment& exp_;
+  const RunOptions& opt_;
+  std::optional<Model> model_;
+  std::vector<std::shared_ptr<const Plugin>> plugins_;
+  std::vector<std::vector<Encoder>> encoders_;  // [worker][plugin]
+  std::vector<DataItem> items_;
+  std::vector<std::string> class_names_;
+  fs::path dir_;
+  std::string config_hash_, model_hash_;
+  int64_t batch_size_ = 1, batches_ = 0;
+  std::set<int64_t> done_;
+  RunSummary summary_;
+  int64_t items_done_ = 0;
+};
+
+Status Runner::setup() {
+  if (exp_.plugins.empty()) return Status::Invalid(exp_.file + ": no plugins: list the modality plugins under plugins:");
+  Diagnostics diags;
+  check_plugins_fit(exp_, &diags);
+  if (!diags.empty()) return Status::Invalid(diags.str());
+  const int workers = std::max(1, exp_.runtime.workers);
+  for (const PluginConfig& pc : exp_.plugins) {
+    Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
+    if (!p.ok()) return p.status();
+    plugins_.push_back(*p);
+  }
+  encoders_.resize(static_cast<size_t>(workers));
+  for (int w = 0; w < workers; ++w)
+    for (size_t i = 0; i < plugins_.size(); ++i) {
+      Result<Encoder> e = Encoder::create(plugins_[i], exp_.plugins[i].options);
+      if (!e.ok()) return e.status();
+      encoders_[static_cast<size_t>(w)].push_back(std::move(e).value());
+    }
+  set_num_threads(exp_.runtime.threads);
+  Result<Model> m = Model::build(exp_.model);
+  if (!m.ok()) return m.status().with_prefix(exp_.file);
+  model_.emplace(std::move(m).value());
+
+  std::vector<PluginInput> inputs;
+  for (const auto& p : plugins_) inputs.push_back({p->name(), p->input_kind(), p->extensions()});
+  Result<std::vector<DataItem>> items = read_dataset(exp_.data, inputs);
+  if (!items.ok()) return items.status().with_prefix("data.path");
+  items_ = std::move(items).value();
+
+  const TaskKind task = exp_.task.kind;
+  if (task == TaskKind::classify && exp_.model.head.kind != HeadKind::classifier)
+    return Status::Invalid("task.kind classify needs a model with head.kind classifier");
+  if (task == TaskKind::score && exp_.model.head.kind != HeadKind::lm)
+    return Status::Invalid("task.kind score needs a language model (head.kind lm)");
+  for (int64_t l : exp_.task.attention.layers)
+    if (l >= exp_.model.n_layers)
+      return Status::OutOfRange("task.attention.layers: layer " + std::to_string(l) + " does not exist (the model has " +
+                                std::to_string(exp_.model.n_layers) + ")");
+  for (int64_t h : exp_.task.attention.heads)
+    if (h >= exp_.model.n_heads)
+      return Status::OutOfRange("task.attention.heads: head " + std::to_string(h) + " does not exist (the model has " +
+                                std::to_string(exp_.model.n_heads) + ")");
+  if (task == TaskKind::classify) {
+    if (!exp_.task.labels.empty()) {
+      Result<std::string> text = read_file(exp_.task.labels);
+      if (!text.ok()) return text.status();
+      std::string line;
+      for (char c : *text + "\n") {
+        if (c == '\n') {
+          if (!line.empty() && line.back() == '\r') line.pop_back();
+          if (!line.empty()) class_names_.push_back(line);
+          line.clear();
+        } else {
+          line += c;
+        }
+      }
+      if (static_cast<int64_t>(class_names_.size()) != exp_.model.head.n_classes)
+        return Status::Invalid(exp_.task.labels + ": " + std::to_string(class_names_.size()) + " labels for " +
+                               std::to_string(exp_.model.head.n_classes) + " classes (model.head.n_classes)");
+    } else {
+      class_names_ = exp_.model.head.labels;
+    }
+  }
+
+  // What decides the outputs, hashed: the resolved experiment without where the outputs go and
+  // how many threads decode; and every parameter's bytes.
+  Experiment canon = exp_;
+  canon.outputs.dir.clear();
+  canon.runtime.workers = 0;
+  const std::string yaml = to_yaml(canon);
+  config_hash_ = hex64(fnv1a(yaml.data(), yaml.size(), kFnvOffset));
+  uint64_t h = kFnvOffset;
+  for (const auto& [name, t] : model_->parameters()) {
+    const Tensor c = t.contiguous();
+    h = fnv1a(c.raw_data(), c.nbytes(), fnv1a(name.data(), name.size(), h));
+  }
+  model_hash_ = hex64(h);
+  batch_size_ = exp_.runtime.batch_size;
+  batches_ = (static_cast<int64_t>(items_.size()) + batch_size_ - 1) / batch_size_;
+  return open_folder();
+}
+
+Status Runner::open_folder() {
+  std::string d = opt_.out_dir.empty() ? exp_.outputs.dir : opt_.out_dir;
+  if (d.empty()) d = "runs/" + fs::path(exp_.file).stem().string();
+  dir_ = fs::path(d);
+  summary_.dir = dir_.string();
+  std::error_code ec;
+  const fs::path manifest = dir_ / "manifest.json";
+  if (fs::exists(manifest, ec)) {
+    if (opt_.force) {
+      for (const char* leaf : {"shards", "attention"}) fs::remove_all(dir_ / leaf, ec);
+      for (const char* leaf : {"manifest.json", "errors.jsonl", "index.jsonl", "predictions.jsonl", "rows.jsonl",
+                               "embeddings.npy", "hidden.npy"})
+        fs::remove(dir_ / leaf, ec);
+    } else if (!opt_.resume) {
+      return Status::Invalid(dir_.string() + " already holds a run (manifest.json): continue it with --resume, or start "
+                             "over with --force, or choose another folder with --out");
+    } else {
+      Result<std::string> text = read_file(manifest.string());
+      if (!text.ok()) return text.status();
+      json m = json::parse(*text, nullptr, false);
+      if (m.is_discarded() || !m.is_object())
+        return Status::ParseError(manifest.string() + ": not a valid manifest (start over with --force)");
+      auto refuse = [&](const std::string& what, const std::string& then, const std::string& now) {
+        return Status::Invalid("cannot resume " + dir_.string() + ": " + what + " changed since the run started (" + then +
+                               " then, " + now + " now); start over with --force, or run into another folder with --out");
+      };
+      if (m.value("config_hash", "") != config_hash_)
+        return refuse("the experiment's configuration", m.value("config_hash", "?"), config_hash_);
+      if (m.value("model_hash", "") != model_hash_) return refuse("the model's weights", m.value("model_hash", "?"), model_hash_);
+      if (m.value("items", int64_t{-1}) != static_cast<int64_t>(items_.size()))
+        return refuse("the dataset", std::to_string(m.value("items", int64_t{-1})) + " items",
+                      std::to_string(items_.size()) + " items");
+      for (const auto& k : m.value("done", json::array())) done_.insert(k.get<int64_t>());
+      summary_.batches_resumed = static_cast<int64_t>(done_.size());
+    }
+  }
+  fs::create_directories(dir_ / "shards", ec);
+  if (ec) return Status::IoError(dir_.string() + ": cannot create the run folder: " + ec.message());
+  if (!exp_.task.attention.layers.empty()) fs::create_directories(dir_ / "attention", ec);
+  return write_manifest("running");
+}
+
+Status Runner::write_manifest(const std::string& state) const {
+  json plugins = json::array();
+  for (size_t i = 0; i < plugins_.size(); ++i)
+    plugins.push_back({{"name", plugins_[i]->name()}, {"version", plugins_[i]->version()}, {"modality", plugins_[i]->modality()}});
+  json m = {{"format", kManifestFormat},
+            {"experiment", exp_.file},
+            {"config_hash", config_hash_},
+            {"model_hash", model_hash_},
+            {"plugins", plugins},
+            {"task", task_kind_name(exp_.task.kind)},
+            {"items", items_.size()},
+            {"batch_size", batch_size_},
+            {"batches", batches_},
+            {"done", std::vector<int64_t>(done_.begin(), done_.end())},
+            {"state", state}};
+  if (state == "complete") {
+    m["sequences"] = summary_.sequences;
+    m["failed"] = summary_.failed;
+  }
+  return write_file_atomic((dir_ / "manifest.json").string(), m.dump(2) + "\n");
+}
+
+void Runner::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch* out) const {
+  const DataItem& item = items_[static_cast<size_t>(index)];
+  auto fail = [&](const std::string& file, const std::string& reason) {
+    out->errors.push_back({index, item.id, file, reason});
+  };
+  if (!item.error.empty()) return fail(item.parts.empty() ? std::string() : item.parts[0].path, item.error);
+  std::vector<std::vector<TokenRows>> per_plugin;
+  for (size_t p = 0; p < encs.size(); ++p) {
+    const ItemPart& part = item.parts[p];
+    Result<std::string> bytes = item_bytes(part);
+    if (!bytes.ok()) return fail(part.path, bytes.status().message());
+    PluginItem pi;
+    pi.id = item.id;
+    pi.source = part.path;
+    pi.data = *bytes;
+    pi.source_offset = part.offset;
+    pi.source_line = part.line;
+    Result<std::vector<TokenRows>> rows = encs[p].encode(pi);
+    if (!rows.ok()) return fail(part.path, rows.status().message());
+    per_plugin.push_back(std::move(rows).value());
+  }
+  const bool mixed = exp_.model.stem.kind == StemKind::mixed;
+  const bool modal = exp_.model.stem.modalities > 0;
+  if (per_plugin.size() == 1) {
+    for (TokenRows& r : per_plugin[0]) {
+      Sequence s;
+      s.item = index;
+      s.id = r.label.empty() ? item.id : item.id + "/" + r.label;
+      if (mixed) s.kinds.assign(static_cast<size_t>(r.size()), r.kind == TSR_ROWS_FEATURES ? 1 : 0);
+      if (modal) s.modality.assign(static_cast<size_t>(r.size()), 0);
+      s.rows = std::move(r);
+      out->seqs.push_back(std::move(s));
+    }
+    return;
+  }
+  // Several plugins: one sequence, their rows one after another.
+  Sequence s;
+  s.item = index;
+  s.id = item.id;
+  int64_t n = 0, F = 0;
+  for (size_t p = 0; p < per_plugin.size(); ++p) {
+    if (per_plugin[p].size() != 1)
+      return fail(item.parts[p].path, "plugin " + plugins_[p]->name() + " gave " + std::to_string(per_plugin[p].size()) +
+                                          " sequences; in a multimodal sequence each plugin gives one");
+    n += per_plugin[p][0].size();
+    if (per_plugin[p][0].kind == TSR_ROWS_FEATURES) F = per_plugin[p][0].features.dim(1);
+  }
+  TokenRows& c = s.rows;
+  c.kind = F > 0 ? TSR_ROWS_FEATURES : TSR_ROWS_IDS;
+  c.ids.assign(static_cast<size_t>(n), 0);
+  if (F > 0) c.features = Tensor::zeros({n, F});
+  int64_t at = 0;
+  for (size_t p = 0; p < per_plugin.size(); ++p) {
+    const TokenRows& r = per_plugin[p][0];
+    for (int64_t i = 0; i < r.size(); ++i, ++at) {
+      const size_t u = static_cast<size_t>(i);
+      if (r.kind == TSR_ROWS_IDS) c.ids[static_cast<size_t>(at)] = r.ids[u];
+      else c.features.select(0, at).copy_from(r.features.select(0, i));
+      c.positions.push_back(r.positions[u]);
+      c.roles.push_back(r.roles[u]);
+      c.provenance.push_back(r.provenance[u]);
+      s.kinds.push_back(r.kind == TSR_ROWS_FEATURES ? 1 : 0);
+      s.modality.push_back(static_cast<int32_t>(p));
+    }
+    if (c.picture.width == 0 && r.picture.width > 0) {
+      c.picture = r.picture;
+      c.grid_rows = r.grid_rows;
+      c.grid_cols = r.grid_cols;
+    }
+  }
+  if (!modal) s.modality.clear();
+  if (!mixed) s.kinds.clear();
+  out->seqs.push_back(std::move(s));
+}
+
+EncodedBatch Runner::encode_batch(int64_t k) {
+  const int64_t begin = k * batch_size_, end = std::min<int64_t>(begin + batch_size_, static_cast<int64_t>(items_.size()));
+  const int64_t W = static_cast<int64_t>(encoders_.size());
+  std::vector<EncodedBatch> parts(static_cast<size_t>(W));
+  auto work = [&](int64_t w) {
+    for (int64_t i = begin + w; i < end; i += W) encode_item(i, encoders_[static_cast<size_t>(w)], &parts[static_cast<size_t>(w)]);
+  };
+  if (W == 1) {
+    work(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int64_t w = 0; w < W; ++w) threads.emplace_back(work, w);
+    for (auto& t : threads) t.join();
+  }
+  // Back into item order, so that outputs never depend on how many workers decoded.
+  EncodedBatch out;
+  for (auto& p : parts) {
+    for (auto& s : p.seqs) out.seqs.push_back(std::move(s));
+    for (auto& e : p.errors) out.errors.push_back(std::move(e));
+  }
+  std::stable_sort(out.seqs.begin(), out.seqs.end(), [](const Sequence& a, const Sequence& b) { return a.item < b.item; });
+  std::sort(out.errors.begin(), out.errors.end(), [](const ItemError& a, const ItemError& b) { return a.item < b.item; });
+  return out;
+}
+
+std::string Runner::class_name(int64_t k) const {
+  return k < static_cast<int64_t>(class_names_.size()) ? class_names_[static_cast<size_t>(k)] : std::to_string(k);
+}
+
+Status Runner::write_attention(const Sequence& s, int64_t b, int64_t start, const Outputs& out) const {
+  const int64_t n = s.rows.size();
+  std::vector<int64_t> heads = exp_.task.attention.heads;
+  if (heads.empty())
+    for (int64_t h = 0; h < exp_.model.n_heads; ++h) heads.push_back(h);
+  const std::string base = (dir_ / "attention" / safe_name(s.id)).string();
+  for (int64_t layer : exp_.task.attention.layers) {
+    const Tensor w = out.captured.at("blocks." + std::to_string(layer) + ".attn.weights");  // (B, H, T, T)
+    Tensor maps = Tensor::empty({static_cast<int64_t>(heads.size()), n, n});
+    for (size_t i = 0; i < heads.size(); ++i)
+      maps.select(0, static_cast<int64_t>(i)).copy_from(w.select(0, b).select(0, heads[i]).slice(0, start, start + n).slice(1, start, start + n));
+    const std::string stem = base + ".layer" + std::to_string(layer);
+    TSR_RETURN_IF_ERROR(npy::save(stem + ".npy", maps));
+    if (!exp_.task.attention.png) continue;
+    for (size_t i = 0; i < heads.size(); ++i) {
+      const float* a = maps.data<float>() + static_cast<int64_t>(i) * n * n;
+      run::RgbImage img;
+      if (s.rows.picture.width > 0) {
+        // What the summary row looks at (the CLS row, else the average query), over the picture.
+        int64_t q = -1;
+        for (int64_t r = 0; r < n && q < 0; ++r)
+          if (s.rows.roles[static_cast<size_t>(r)] == TSR_ROLE_CLS) q = r;
+        std::vector<float> wrow(static_cast<size_t>(n), 0.f);
+        for (int64_t r = 0; r < n; ++r)
+          if (q < 0 || r == q)
+            for (int64_t j = 0; j < n; ++j) wrow[static_cast<size_t>(j)] += a[r * n + j];
+        img = run::heatmap_over_picture(s.rows, wrow);
+      } else {
+        img = run::heatmap_matrix(a, static_cast<int>(n));
+      }
+      Result<std::string> png = run::encode_png(img);
+      if (!png.ok()) return png.status();
+      TSR_RETURN_IF_ERROR(write_file_atomic(stem + ".head" + std::to_string(heads[i]) + ".png", *png));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
+  const ModelConfig& m = exp_.model;
+  const TaskKind task = exp_.task.kind;
+  const bool packing = exp_.runtime.packing;
+  const std::vector<Sequence>& seqs = eb.seqs;
+  std::vector<json> records;  // the batch's shard: one JSON line per sequence and per error
+  Tensor values;              // the batch's embeddings (N, C) or hidden rows (sum of rows, C)
+
+  if (!seqs.empty()) {
+    // Place sequences: one per batch row, or packed first-fit into rows as long as the longest.
+    int64_t T = 0;
+    for (const Sequence& s : seqs) T = std::max(T, s.rows.size());
+    std::vector<std::pair<int64_t, int64_t>> at;  // (batch row, start row)
+    std::vector<int64_t> fill;
+    for (const Sequence& s : seqs) {
+      int64_t row = -1;
+      if (packing)
+        for (size_t r = 0; r < fill.size() && row < 0; ++r)
+          if (fill[r] + s.rows.size() <= T) row = static_cast<int64_t>(r);
+      if (row < 0) {
+        row = static_cast<int64_t>(fill.size());
+        fill.push_back(0);
+      }
+      at.emplace_back(row, fill[static_cast<size_t>(row)]);
+      fill[static_cast<size_t>(row)] += s.rows.size();
+    }
+    const int64_t B = static_cast<int64_t>(fill.size());
+    const bool ids = m.stem.kind == StemKind::tokens || m.stem.kind == StemKind::mixed;
+    const bool feats = m.stem.kind != StemKind::tokens;
+    const int64_t F = m.stem.kind == StemKind::identity ? m.d_model : m.stem.n_features;
+    Batch batch;
+    if (ids) batch.ids = Tensor::zeros({B, T}, DType::i32);
+    if (feats) batch.rows = Tensor::zeros({B, T, F});
+    batch.roles = Tensor::full({B, T}, TSR_ROLE_PAD).to(DType::u8);
+    if (m.stem.kind == StemKind::mixed) batch.kinds = Tensor::zeros({B, T}, DType::u8);
+    if (m.stem.modalities > 0) batch.modality = Tensor::zeros({B, T}, DType::i32);
+    if (packing) batch.segments = Tensor::full({B, T}, -1).to(DType::i32);
+    else batch.lengths.assign(static_cast<size_t>(B), 0);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const Sequence& s = seqs[i];
+      const auto [b, start] = at[i];
+      const int64_t n = s.rows.size();
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t o = b * T + start + t;
+        const size_t u = static_cast<size_t>(t);
+        if (ids && (s.rows.kind == TSR_ROWS_IDS || !s.kinds.empty())) batch.ids.data<int32_t>()[o] = s.rows.ids.empty() ? 0 : s.rows.ids[u];
+        if (feats && s.rows.features.defined()) batch.rows.select(0, b).select(0, start + t).copy_from(s.rows.features.select(0, t));
+        batch.roles.data<uint8_t>()[o] = s.rows.roles[u];
+        if (batch.kinds.defined()) batch.kinds.data<uint8_t>()[o] = s.kinds.empty() ? (s.rows.kind == TSR_ROWS_FEATURES) : s.kinds[u];
+        if (batch.modality.defined()) batch.modality.data<int32_t>()[o] = s.modality.empty() ? 0 : s.modality[u];
+        if (packing) batch.segments.data<int32_t>()[o] = static_cast<int32_t>(i);
+      }
+      if (!packing) batch.lengths[static_cast<size_t>(b)] = n;
+    }
+    ForwardOptions fo;
+    fo.reference = exp_.runtime.reference;
+    for (int64_t l : exp_.task.attention.layers) fo.capture.insert("blocks." + std::to_string(l) + ".attn.weights");
+    Outputs out;
+    TSR_RETURN_IF_ERROR(model_->forward(batch, fo, &out).with_prefix("batch " + std::to_string(k)));
+    const int64_t C = out.hidden.dim(2);
+
+    // Per sequence: pooled vectors (embed, classify), hidden rows, or scores.
+    Tensor pooled = Tensor::empty({static_cast<int64_t>(seqs.size()), C});
+    int64_t total_rows = 0;
+    for (const Sequence& s : seqs) total_rows += s.rows.size();
+    if (task == TaskKind::hidden) values = Tensor::empty({total_rows, C});
+    int64_t row_at = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto [b, start] = at[i];
+      const int64_t n = seqs[i].rows.size();
+      const Tensor h = out.hidden.select(0, b).slice(0, start, start + n);
+      pool_rows(m, h, seqs[i].rows.roles.data(), pooled.data<float>() + static_cast<int64_t>(i) * C);
+      if (task == TaskKind::hidden) values.slice(0, row_at, row_at + n).copy_from(h);
+      row_at += n;
+    }
+    if (task == TaskKind::embed) values = pooled;
+    Tensor probs;
+    if (task == TaskKind::classify) {
+      Tensor logits;
+      TSR_RETURN_IF_ERROR(model_->classify(pooled, &logits, &probs, fo));
+    }
+    row_at = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const Sequence& s = seqs[i];
+      const DataItem& item = items_[static_cast<size_t>(s.item)];
+      const auto [b, start] = at[i];
+      const int64_t n = s.rows.size();
+      json r = {{"t", "seq"}, {"id", s.id}, {"item", s.item}, {"rows", n}};
+      if (!item.name.empty()) r["name"] = item.name;
+      if (item.label) r["label"] = *item.label;
+      if (task == TaskKind::hidden) r["start"] = row_at;
+      row_at += n;
+      if (task == TaskKind::classify) {
+        const int64_t K = m.head.n_classes;
+        std::vector<int64_t> order(static_cast<size_t>(K));
+        for (int64_t c = 0; c < K; ++c) order[static_cast<size_t>(c)] = c;
+        const float* p = probs.data<float>() + static_cast<int64_t>(i) * K;
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b2) { return p[a] > p[b2]; });
+        json top = json::array();
+        for (int64_t j = 0; j < std::min<int64_t>(exp_.task.top_k, K); ++j)
+          top.push_back({{"class", class_name(order[static_cast<size_t>(j)])},
+                         {"index", order[static_cast<size_t>(j)]},
+                         {"prob", p[order[static_cast<size_t>(j)]]}});
+        r["top"] = top;
+      }
+      if (task == TaskKind::score) {
+        // log p(x_1..x_{n-1} | x_0) from the logits of each row for the next row's id.
+        const int64_t V = m.stem.vocab_size;
+        double ll = 0;
+        std::vector<double> lp(static_cast<size_t>(V));
+        auto log_softmax = [&](int64_t t) {
+          const float* z = out.logits.data<float>() + ((b * out.logits.dim(1)) + start + t) * V;
+          double mx = -INFINITY, sum = 0;
+          for (int64_t v = 0; v < V; ++v) mx = std::max<double>(mx, z[v]);
+          for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+          for (int64_t v = 0; v < V; ++v) lp[static_cast<size_t>(v)] = z[v] - mx - std::log(sum);
+        };
+        for (int64_t t = 0; t + 1 < n; ++t) {
+          log_softmax(t);
+          ll += lp[static_cast<size_t>(s.rows.ids[static_cast<size_t>(t + 1)])];
+        }
+        log_softmax(n - 1);
+        std::vector<int64_t> order(static_cast<size_t>(V));
+        for (int64_t v = 0; v < V; ++v) order[static_cast<size_t>(v)] = v;
+        const int64_t K = std::min<int64_t>(exp_.task.top_k, V);
+        std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                          [&](int64_t a, int64_t b2) { return lp[static_cast<size_t>(a)] > lp[static_cast<size_t>(b2)] || (lp[static_cast<size_t>(a)] == lp[static_cast<size_t>(b2)] && a < b2); });
+        json next = json::array();
+        for (int64_t j = 0; j < K; ++j) {
+          const int32_t id = static_cast<int32_t>(order[static_cast<size_t>(j)]);
+          json e = {{"id", id}, {"prob", std::exp(lp[static_cast<size_t>(id)])}};
+          Result<std::string> text = encoders_[0][0].decode({id});
+          if (text.ok()) e["text"] = *text;
+          next.push_back(e);
+        }
+        r["log_likelihood"] = ll;
+        r["perplexity"] = n > 1 ? std::exp(-ll / static_cast<double>(n - 1)) : 1.0;
+        r["next"] = next;
+      }
+      if (exp_.outputs.provenance) r["prov"] = provenance_json(s);
+      records.push_back(std::move(r));
+      if (!exp_.task.attention.layers.empty()) TSR_RETURN_IF_ERROR(write_attention(s, b, start, out));
+    }
+  }
+  for (const ItemError& e : eb.errors) records.push_back({{"t", "error"}, {"item", e.item}, {"id", e.id}, {"file", e.file}, {"reason", e.reason}});
+  std::stable_sort(records.begin(), records.end(), [](const json& a, const json& b) { return a["item"].get<int64_t>() < b["item"].get<int64_t>(); });
+  std::string lines;
+  for (const json& r : records) lines += r.dump() + "\n";
+  const fs::path shard = dir_ / "shards" / batch_name(k);
+  if (values.defined()) TSR_RETURN_IF_ERROR(npy::save(shard.string() + ".npy", values));
+  TSR_RETURN_IF_ERROR(write_file_atomic(shard.string() + ".jsonl", lines));
+  done_.insert(k);
+  return write_manifest("running");
+}
+
+Status Runner::finalize() {
+  // Merge the shards, in batch order, into the run's outputs.
+  std::string index, predictions, rows, errors;
+  std::vector<Tensor> parts;
+  int64_t total = 0;
+  for (int64_t k = 0; k < batches_; ++k) {
+    const fs::path shard = dir_ / "shards" / batch_name(k);
+    Result<std::string> text = read_file(shard.string() + ".jsonl");
+    if (!text.ok()) return text.status().with_prefix("finishing the run");
+    std::error_code ec;
+    if (fs::exists(shard.string() + ".npy", ec)) {
+      Result<Tensor> v = npy::load(shard.string() + ".npy");
+      if (!v.ok()) return v.status();
+      total += v->dim(0);
+      parts.push_back(std::move(v).value());
+    }
+    size_t pos = 0;
+    while (pos < text->size()) {
+      const size_t eol = text->find('\n', pos);
+      json r = json::parse(text->substr(pos, eol - pos));
+      pos = eol + 1;
+      if (r["t"] == "error") {
+        r.erase("t");
+        errors += r.dump() + "\n";
+        ++summary_.failed;
+        continue;
+      }
+      ++summary_.sequences;
+      if (r.contains("prov")) {
+        rows += json({{"id", r["id"]}, {"rows", r["prov"]}}).dump() + "\n";
+        r.erase("prov");
+      }
+      r.erase("t");
+      if (exp_.task.kind == TaskKind::classify || exp_.task.kind == TaskKind::score) predictions += r.dump() + "\n";
+      else index += r.dump() + "\n";
+    }
+  }
+  if (!parts.empty()) {
+    Tensor all = Tensor::empty({total, parts[0].dim(1)});
+    int64_t at = 0;
+    for (const Tensor& p : parts) {
+      all.slice(0, at, at + p.dim(0)).copy_from(p);
+      at += p.dim(0);
+    }
+    TSR_RETURN_IF_ERROR(npy::save((dir_ / (exp_.task.kind == TaskKind::hidden ? "hidden.npy" : "embeddings.npy")).string(), all));
+  } else if (exp_.task.kind == TaskKind::embed || exp_.task.kind == TaskKind::hidden) {
+    const int64_t C = exp_.model.d_model;
+    TSR_RETURN_IF_ERROR(npy::save((dir_ / (exp_.task.kind == TaskKind::hidden ? "hidden.npy" : "embeddings.npy")).string(),
+                                  Tensor::zeros({0, C})));
+  }
+  if (exp_.task.kind == TaskKind::classify || exp_.task.kind == TaskKind::score)
+    TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "predictions.jsonl").string(), predictions));
+  else
+    TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "index.jsonl").string(), index));
+  if (exp_.outputs.provenance) TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "rows.jsonl").string(), rows));
+  TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "errors.jsonl").string(), errors));
+  TSR_RETURN_IF_ERROR(write_manifest("complete"));
+  std::error_code ec;
+  fs::remove_all(dir_ / "shards", ec);
+  return Status::Ok();
+}
+
+Result<RunSummary> Runner::run() {
+  const auto t0 = std::chrono::steady_clock::now();
+  TSR_RETURN_IF_ERROR(setup());
+  summary_.items = static_cast<int64_t>(items_.size());
+  summary_.batches = batches_;
+  std::vector<int64_t> todo;
+  for (int64_t k = 0; k < batches_; ++k)
+    if (!done_.count(k)) todo.push_back(k);
+  Progress progress(opt_.progress, summary_.items);
+  items_done_ = std::min<int64_t>(summary_.items, static_cast<int64_t>(done_.size()) * batch_size_);
+  progress.resumed_at(items_done_);
+  if (!done_.empty() && opt_.progress)
+    std::fprintf(stderr, "run: resuming %s: %zu of %lld batches already done\n", dir_.c_str(), done_.size(),
+                 static_cast<long long>(batches_));
+  // Plugins decode batch k + 1 on worker threads while the model runs batch k.
+  const bool prefetch = exp_.runtime.workers > 0;
+  std::future<EncodedBatch> next;
+  if (!todo.empty() && prefetch) next = std::async(std::launch::async, [this, k = todo[0]] { return encode_batch(k); });
+  int64_t failed = 0;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    EncodedBatch eb = prefetch ? next.get() : encode_batch(todo[i]);
+    if (prefetch && i + 1 < todo.size())
+      next = std::async(std::launch::async, [this, k = todo[i + 1]] { return encode_batch(k); });
+    failed += static_cast<int64_t>(eb.errors.size());
+    Status st = run_batch(todo[i], eb);
+    if (!st.ok()) {
+      if (next.valid()) next.wait();
+      return st;
+    }
+    items_done_ = std::min<int64_t>(summary_.items, items_done_ + batch_size_);
+    progress.update(items_done_, failed);
+    if (opt_.on_batch) opt_.on_batch(static_cast<int64_t>(done_.size()), batches_);
+  }
+  TSR_RETURN_IF_ERROR(finalize());
+  progress.update(summary_.items, summary_.failed, true);
+  summary_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return summary_;
+}
+
+}  // namespace
+
+Result<RunSummary> run_experiment(const Experiment& exp, const RunOptions& options) {
+  Runner r(exp, options);
+  return r.run();
+}
+
+}  // namespace tessera

@@ -1,0 +1,240 @@
+// `tessera run` (an experiment over its dataset), `tessera plugins` (what the plugin search finds)
+// and `tessera tokenize` (one input through an experiment's plugin, row by row). The batch runner
+// itself is core's (tessera/run.h); this file parses options and prints.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "common.h"
+#include "tessera/fileio.h"
+#include "tessera/run.h"
+
+namespace tessera::cli {
+
+namespace {
+
+constexpr int kExitSomeItemsFailed = 3;
+
+struct RunArgs {
+  std::string file, out;
+  std::vector<std::string> overrides;
+  bool resume = false, force = false, quiet = false;
+  int64_t limit = -1, batch_size = 0;
+  int threads = -1, workers = -1;
+};
+
+int run_run(const RunArgs& a) {
+  std::vector<std::string> overrides = a.overrides;
+  if (a.limit >= 0) overrides.push_back("data.limit=" + std::to_string(a.limit));
+  if (a.batch_size > 0) overrides.push_back("runtime.batch_size=" + std::to_string(a.batch_size));
+  if (a.threads >= 0) overrides.push_back("runtime.threads=" + std::to_string(a.threads));
+  if (a.workers >= 0) overrides.push_back("runtime.workers=" + std::to_string(a.workers));
+  std::optional<Experiment> exp = load(a.file, overrides);
+  if (!exp) return kExitBadInput;
+  RunOptions opt;
+  opt.out_dir = a.out;
+  opt.resume = a.resume;
+  opt.force = a.force;
+  opt.progress = !a.quiet;
+  Result<RunSummary> r = run_experiment(*exp, opt);
+  if (!r.ok()) {
+    std::fprintf(stderr, "tessera run: %s\n", r.status().message().c_str());
+    const Code c = r.status().code();
+    return c == Code::internal || c == Code::io_error ? kExitFailure : kExitBadInput;
+  }
+  const RunSummary& s = *r;
+  std::printf("%s: %lld items, %lld sequences written, %lld failed, %lld batches (%lld resumed), %.1f s\n",
+              s.dir.c_str(), static_cast<long long>(s.items), static_cast<long long>(s.sequences),
+              static_cast<long long>(s.failed), static_cast<long long>(s.batches),
+              static_cast<long long>(s.batches_resumed), s.seconds);
+  std::vector<std::vector<std::string>> rows;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(s.dir, ec)) {
+    if (e.is_directory()) {
+      int64_t n = 0;
+      for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(e.path(), ec)) ++n;
+      rows.push_back({e.path().string() + "/", std::to_string(n) + " files"});
+    } else {
+      rows.push_back({e.path().string(), fmt_bytes(static_cast<double>(e.file_size()))});
+    }
+  }
+  std::sort(rows.begin(), rows.end());
+  std::printf("%s", table(rows, 2).c_str());
+  if (s.failed > 0)
+    std::fprintf(stderr, "tessera run: %lld item(s) failed; their reasons are in %s/errors.jsonl\n",
+                 static_cast<long long>(s.failed), s.dir.c_str());
+  return s.failed > 0 ? kExitSomeItemsFailed : kExitOk;
+}
+
+struct PluginsArgs {
+  std::vector<std::string> dirs;
+  bool options = false;
+};
+
+int run_plugins(const PluginsArgs& a) {
+  std::vector<std::string> dirs = a.dirs;
+  for (const std::string& d : plugin_search_dirs()) dirs.push_back(d);
+  const PluginScan scan = scan_plugins(dirs);
+  std::printf("# searched, in order: ");
+  for (size_t i = 0; i < dirs.size(); ++i) std::printf("%s%s", i ? ", " : "", dirs[i].c_str());
+  std::printf("\n");
+  std::vector<std::vector<std::string>> rows{{"name", "modality", "version", "file"}};
+  for (const auto& f : scan.found) rows.push_back({f.name, f.modality, f.version, f.file});
+  std::printf("%s", table(rows, 0).c_str());
+  if (a.options)
+    for (const auto& f : scan.found) {
+      Result<std::shared_ptr<const Plugin>> p = Plugin::load(f.file);
+      if (!p.ok()) continue;
+      std::printf("\n# %s: %s\n", f.name.c_str(), (*p)->description().c_str());
+      std::vector<std::vector<std::string>> opts{{"option", "type", "default", "meaning"}};
+      for (const PluginOptionSpec& o : (*p)->options()) {
+        std::string type = option_type_name(o.type);
+        if (o.type == TSR_OPT_ENUM) {
+          type = "";
+          for (const auto& c : o.choices) type += (type.empty() ? "" : " | ") + c;
+        }
+        opts.push_back({o.name, type, o.default_value ? *o.default_value : "required", o.meaning});
+      }
+      std::printf("%s", table(opts, 2).c_str());
+    }
+  if (!scan.refused.empty()) {
+    std::printf("\n# refused\n");
+    rows = {{"file", "reason"}};
+    for (const auto& r : scan.refused) rows.push_back({r.file, r.reason});
+    std::printf("%s", table(rows, 0).c_str());
+  }
+  return kExitOk;
+}
+
+struct TokenizeArgs {
+  std::string file, text, input;
+  std::vector<std::string> overrides;
+  int plugin = 0;
+};
+
+int run_tokenize(const TokenizeArgs& a) {
+  std::optional<Experiment> exp = load(a.file, a.overrides);
+  if (!exp) return kExitBadInput;
+  if (a.plugin < 0 || a.plugin >= static_cast<int>(exp->plugins.size())) {
+    std::fprintf(stderr, "tessera tokenize: the experiment has %zu plugin(s); --plugin %d does not exist\n",
+                 exp->plugins.size(), a.plugin);
+    return kExitBadInput;
+  }
+  const PluginConfig& pc = exp->plugins[static_cast<size_t>(a.plugin)];
+  Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
+  if (!p.ok()) {
+    std::fprintf(stderr, "tessera tokenize: %s\n", p.status().message().c_str());
+    return kExitBadInput;
+  }
+  Result<Encoder> enc = Encoder::create(*p, pc.options);
+  if (!enc.ok()) {
+    std::fprintf(stderr, "tessera tokenize: %s\n", enc.status().message().c_str());
+    return kExitBadInput;
+  }
+  std::string bytes = a.text;
+  PluginItem item;
+  item.id = a.input.empty() ? "<text>" : a.input;
+  if (!a.input.empty()) {
+    Result<std::string> r = read_file(a.input);
+    if (!r.ok()) {
+      std::fprintf(stderr, "tessera tokenize: %s\n", r.status().message().c_str());
+      return kExitBadInput;
+    }
+    bytes = *r;
+    item.source = a.input;
+    item.source_line = (*p)->input_kind() == TSR_INPUT_TEXT ? 1 : 0;
+  }
+  item.data = bytes;
+  Result<std::vector<TokenRows>> rows = enc->encode(item);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "tessera tokenize: %s\n", rows.status().message().c_str());
+    return kExitBadInput;
+  }
+  static const char* roles[] = {"content", "cls", "eos", "pad", "mask", "sep", "bos", "unk"};
+  for (const TokenRows& r : *rows) {
+    std::printf("# %s%s: %lld rows of %s%s\n", item.id.c_str(), r.label.empty() ? "" : ("/" + r.label).c_str(),
+                static_cast<long long>(r.size()),
+                r.kind == TSR_ROWS_IDS ? "token ids" : ("features, " + std::to_string(r.features.dim(1)) + " wide").c_str(),
+                r.grid_rows ? (", grid " + std::to_string(r.grid_rows) + " x " + std::to_string(r.grid_cols)).c_str() : "");
+    std::vector<std::vector<std::string>> t{{"row", r.kind == TSR_ROWS_IDS ? "id" : "mean", "role", "position", "provenance"}};
+    for (int64_t i = 0; i < r.size(); ++i) {
+      const size_t u = static_cast<size_t>(i);
+      std::string v;
+      if (r.kind == TSR_ROWS_IDS) {
+        v = std::to_string(r.ids[u]);
+        Result<std::string> piece = enc->decode({r.ids[u]});
+        if (piece.ok()) v += "  \"" + *piece + "\"";
+      } else {
+        double m = 0;
+        for (int64_t f = 0; f < r.features.dim(1); ++f) m += r.features.at({i, f});
+        v = fmt(m / static_cast<double>(r.features.dim(1)), 4, false);
+      }
+      const tsr_provenance& pv = r.provenance[u];
+      std::string prov;
+      switch (pv.kind) {
+        case TSR_PROV_BYTES: prov = "bytes [" + fmt(pv.x0, 0, false) + ", " + fmt(pv.x1, 0, false) + ")"; break;
+        case TSR_PROV_PIXELS:
+          prov = "pixels x [" + fmt(pv.x0, 1, false) + ", " + fmt(pv.x1, 1, false) + ") y [" + fmt(pv.y0, 1, false) + ", " +
+                 fmt(pv.y1, 1, false) + ")";
+          break;
+        case TSR_PROV_TIME_FREQ:
+          prov = "seconds [" + fmt(pv.x0, 3, false) + ", " + fmt(pv.x1, 3, false) + ") mel [" + fmt(pv.y0, 0, false) + ", " +
+                 fmt(pv.y1, 0, false) + ")";
+          break;
+        case TSR_PROV_RESIDUE: prov = "residue " + fmt(pv.x0, 0, false); break;
+        default: prov = "-";
+      }
+      const auto& pos = r.positions[u];
+      t.push_back({std::to_string(i), v, r.roles[u] < 8 ? roles[r.roles[u]] : "?",
+                   pos[1] < 0 ? std::to_string(pos[0]) : "(" + std::to_string(pos[0]) + ", " + std::to_string(pos[1]) + ")",
+                   prov});
+    }
+    std::printf("%s", table(t, 0).c_str());
+    if (r.kind == TSR_ROWS_IDS) {
+      Result<std::string> text = enc->decode(r.ids);
+      if (text.ok()) std::printf("decoded: %s\n", text->c_str());
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, std::function<int()>* run) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand("run", "Run an experiment over its dataset; write outputs to a run folder");
+  cmd->add_option("file", args->file, "experiment YAML")->required();
+  cmd->add_option("--out", args->out, "the run folder (default: outputs.dir, else runs/<experiment name>)");
+  cmd->add_flag("--resume", args->resume, "continue a killed run in the run folder");
+  cmd->add_flag("--force", args->force, "start over in a run folder that already holds a run");
+  cmd->add_option("--limit", args->limit, "read at most this many items");
+  cmd->add_option("--batch-size", args->batch_size, "items per forward pass (default: runtime.batch_size)");
+  cmd->add_option("--threads", args->threads, "intra-op threads (default: runtime.threads; 0 = all cores)");
+  cmd->add_option("--workers", args->workers, "threads decoding items while the model runs (default: runtime.workers)");
+  cmd->add_flag("--quiet", args->quiet, "no progress on stderr");
+  cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
+  cmd->footer("Exit codes: 0 all items done, 3 some items failed (see errors.jsonl), 2 bad input, 1 failure.");
+  cmd->callback([args, run] { *run = [args] { return run_run(*args); }; });
+}
+
+void add_plugins_command(CLI::App& app, std::function<int()>* run) {
+  auto args = std::make_shared<PluginsArgs>();
+  CLI::App* cmd = app.add_subcommand("plugins", "List the plugins the search path finds, and those it refused");
+  cmd->add_option("--dir", args->dirs, "also search this folder first (repeatable)");
+  cmd->add_flag("--options", args->options, "list each plugin's options");
+  cmd->callback([args, run] { *run = [args] { return run_plugins(*args); }; });
+}
+
+void add_tokenize_command(CLI::App& app, std::function<int()>* run) {
+  auto args = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = app.add_subcommand("tokenize", "Turn one input into token rows with an experiment's plugin; print them");
+  cmd->add_option("file", args->file, "experiment YAML")->required();
+  auto* text = cmd->add_option("--text", args->text, "the input as text");
+  cmd->add_option("--input", args->input, "the input as a file")->excludes(text);
+  cmd->add_option("--plugin", args->plugin, "which of the experiment's plugins (from 0)")->capture_default_str();
+  cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
+  cmd->callback([args, run] { *run = [args] { return run_tokenize(*args); }; });
+}
+
+}  // namespace tessera::cli
