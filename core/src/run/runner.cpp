@@ -680,7 +680,11 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
       if (!exp_.task.attention.layers.empty()) TSR_RETURN_IF_ERROR(write_attention(s, b, start, out));
     }
   }
-  for (const ItemError& e : eb.errors) records.push_back({{"t", "error"}, {"item", e.item}, {"id", e.id}, {"file", e.file}, {"reason", e.reason}});
+  for (const ItemError& e : eb.errors) {
+    json r = {{"t", "error"}, {"item", e.item}, {"id", e.id}, {"reason", e.reason}};
+    if (!e.file.empty()) r["file"] = e.file;
+    records.push_back(std::move(r));
+  }
   std::stable_sort(records.begin(), records.end(), [](const json& a, const json& b) { return a["item"].get<int64_t>() < b["item"].get<int64_t>(); });
   std::string lines;
   for (const json& r : records) lines += r.dump() + "\n";

@@ -1,0 +1,322 @@
+// Batch runs: datasets of every format, outputs that do not depend on batch size or packing, bad
+// items recorded while the run goes on, a run killed with SIGKILL and resumed giving byte-identical
+// outputs, refusals to resume a changed run, and the heatmap PNGs. Uses the probe test plugin.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "run/heatmap.h"
+#include "tessera/fileio.h"
+#include "tessera/npy.h"
+#include "tessera/run.h"
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kPluginDir = TESSERA_TEST_PLUGIN_DIR;
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "tessera_run_" + name + "_" + std::to_string(getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// A small embedding experiment over `data` with the probe plugin (bytes as ids).
+Experiment experiment(const std::string& dir, const std::string& data, const std::string& extra = "") {
+  const std::string yaml = "plugins:\n  - name: probe\n    path: " + kPluginDir +
+                           "\nmodel:\n  d_model: 16\n  n_heads: 2\n  n_layers: 2\n  stem: {kind: tokens, vocab_size: 300}\n"
+                           "  positions: {kind: learned, max_len: 512}\n  head: {kind: pool, pool: mean}\n"
+                           "data:\n  path: " + data + "\n" + extra;
+  Diagnostics d;
+  std::optional<Experiment> e = load_experiment_from_string(yaml, "exp.yaml", dir, {}, &d);
+  EXPECT_TRUE(e) << d.str();
+  return *e;
+}
+
+RunSummary run_ok(const Experiment& e, const std::string& out, bool resume = false) {
+  RunOptions o;
+  o.out_dir = out;
+  o.resume = resume;
+  o.progress = false;
+  Result<RunSummary> r = run_experiment(e, o);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : RunSummary{};
+}
+
+std::string lines_file(const std::string& dir, int n) {
+  std::string text;
+  for (int i = 0; i < n; ++i) text += "line " + std::to_string(i) + (i % 7 == 3 ? " FAIL" : "") + std::string(static_cast<size_t>(i % 13), 'x') + "\n";
+  write(dir + "/lines.txt", text);
+  return dir + "/lines.txt";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Datasets
+
+TEST(Datasets, EveryFormatListsItemsWithStableIds) {
+  const std::string d = temp_dir("formats");
+  const std::vector<PluginInput> text{{"probe", TSR_INPUT_TEXT, {".txt"}}};
+  write(d + "/a.txt", "first\n\nthird\r\n");
+  auto lines = read_dataset({d + "/a.txt", {}, DataFormat::auto_detect, 0}, text);
+  ASSERT_TRUE(lines.ok()) << lines.status().message();
+  ASSERT_EQ(lines->size(), 2u);  // the empty line is no item
+  EXPECT_EQ((*lines)[1].id, "a.txt:3");
+  EXPECT_EQ((*lines)[1].parts[0].length, 5u);  // "third" without \r\n
+  EXPECT_EQ((*lines)[1].parts[0].line, 3u);
+
+  write(d + "/p.fasta", ">sp|P1 first\nMKV\nLLA\n\n>P2\nMA*\n");
+  auto fasta = read_dataset({d + "/p.fasta", {}, DataFormat::auto_detect, 0}, text);
+  ASSERT_TRUE(fasta.ok()) << fasta.status().message();
+  ASSERT_EQ(fasta->size(), 2u);
+  EXPECT_EQ((*fasta)[0].id, "p.fasta#1");
+  EXPECT_EQ((*fasta)[0].name, "sp|P1");
+  EXPECT_EQ((*fasta)[1].parts[0].line, 5u);
+  EXPECT_EQ((*fasta)[0].parts[0].length, std::string(">sp|P1 first\nMKV\nLLA\n\n").size());
+  write(d + "/junk.fa", "MKV\n>P1\nMA\n");
+  auto junk = read_dataset({d + "/junk.fa", {}, DataFormat::auto_detect, 0}, text);
+  ASSERT_TRUE(junk.ok());
+  EXPECT_EQ((*junk)[0].error, d + "/junk.fa:1:1: sequence data before the first '>' header line (every FASTA record starts with '>name')");
+  EXPECT_EQ((*junk)[1].id, "junk.fa#1");
+
+  fs::create_directories(d + "/docs/sub");
+  write(d + "/docs/b.txt", "b");
+  write(d + "/docs/sub/a.txt", "a");
+  write(d + "/docs/skip.bin", "?");
+  auto dir = read_dataset({d + "/docs", {}, DataFormat::auto_detect, 0}, text);
+  ASSERT_TRUE(dir.ok());
+  ASSERT_EQ(dir->size(), 2u);
+  EXPECT_EQ((*dir)[0].id, "b.txt");
+  EXPECT_EQ((*dir)[1].id, "sub/a.txt");
+  auto glob = read_dataset({d + "/docs/*.txt", {}, DataFormat::auto_detect, 0}, text);
+  ASSERT_TRUE(glob.ok());
+  ASSERT_EQ(glob->size(), 1u);
+  EXPECT_EQ((*glob)[0].id, "b.txt");
+
+  write(d + "/m.csv", "id,text,label\nx1,\"a, quoted\"\"text\",pos\nx2,plain,neg\nx3,too,many,fields\n");
+  auto csv = read_dataset({d + "/m.csv", {}, DataFormat::auto_detect, 0}, text);
+  ASSERT_TRUE(csv.ok()) << csv.status().message();
+  ASSERT_EQ(csv->size(), 3u);
+  EXPECT_EQ((*csv)[0].parts[0].text, "a, quoted\"text");
+  EXPECT_EQ((*csv)[0].label, std::optional<std::string>("pos"));
+  EXPECT_EQ((*csv)[2].error, d + "/m.csv:4: 4 fields, but the header names 3 columns");
+  write(d + "/m.jsonl", "{\"text\": \"hello\", \"label\": 1}\nnot json\n{\"path\": \"docs/b.txt\"}\n{\"path\": \"nope.txt\"}\n");
+  auto jsonl = read_dataset({d + "/m.jsonl", {}, DataFormat::auto_detect, 0}, text);
+  ASSERT_TRUE(jsonl.ok()) << jsonl.status().message();
+  ASSERT_EQ(jsonl->size(), 4u);
+  EXPECT_EQ((*jsonl)[0].label, std::optional<std::string>("1"));
+  EXPECT_EQ((*jsonl)[1].error, d + "/m.jsonl:2: not a JSON object (each line of a .jsonl manifest is one)");
+  EXPECT_EQ((*jsonl)[2].parts[0].path, d + "/docs/b.txt");
+  EXPECT_EQ((*jsonl)[3].error, "m.jsonl:4: " + d + "/nope.txt: no such file");
+
+  auto limited = read_dataset({d + "/p.fasta", {}, DataFormat::auto_detect, 1}, text);
+  EXPECT_EQ(limited->size(), 1u);
+}
+
+TEST(Datasets, RefusalsNameTheProblem) {
+  const std::string d = temp_dir("refusals");
+  const std::vector<PluginInput> text{{"probe", TSR_INPUT_TEXT, {".txt"}}};
+  const std::vector<PluginInput> image{{"image", TSR_INPUT_FILE, {".png"}}};
+  EXPECT_EQ(read_dataset({"", {}, DataFormat::auto_detect, 0}, text).status().message(),
+            "no dataset: set data.path (a directory, glob, manifest, FASTA or text file)");
+  EXPECT_EQ(read_dataset({d + "/none.txt", {}, DataFormat::auto_detect, 0}, text).status().message(),
+            d + "/none.txt: no such file or directory");
+  EXPECT_EQ(read_dataset({d + "/*.png", {}, DataFormat::auto_detect, 0}, image).status().message(),
+            d + "/*.png: the glob matches no file");
+  write(d + "/x.txt", "a\n");
+  EXPECT_EQ(read_dataset({d + "/x.txt", {}, DataFormat::auto_detect, 0}, image).status().message(),
+            d + "/x.txt is read as lines of text, but plugin image reads files (point data.path at a directory or a "
+                "manifest instead)");
+  write(d + "/q.csv", "text\n\"open quote\n");
+  EXPECT_EQ(read_dataset({d + "/q.csv", {}, DataFormat::auto_detect, 0}, text).status().message(),
+            d + "/q.csv: line 2: a quoted field is not closed before the end of the file");
+  write(d + "/dup.csv", "id,text\na,x\na,y\n");
+  EXPECT_EQ(read_dataset({d + "/dup.csv", {}, DataFormat::auto_detect, 0}, text).status().message(),
+            d + "/dup.csv: item id \"a\" appears twice (ids must be unique)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs
+
+TEST(Runs, OutputsDoNotDependOnBatchSizeOrPacking) {
+  const std::string d = temp_dir("batching");
+  const std::string data = lines_file(d, 23);
+  std::vector<Tensor> embeddings;
+  std::vector<std::string> indexes;
+  for (const char* extra : {"runtime: {batch_size: 1}\n", "runtime: {batch_size: 5}\n",
+                                   "runtime: {batch_size: 8, packing: true}\n", "runtime: {batch_size: 6, workers: 3}\n"}) {
+    const Experiment e = experiment(d, data, extra);
+    const std::string out = d + "/run" + std::to_string(embeddings.size());
+    const RunSummary s = run_ok(e, out);
+    EXPECT_EQ(s.items, 23);
+    EXPECT_EQ(s.failed, 3);  // lines 3, 10 and 17 say FAIL
+    EXPECT_EQ(s.sequences, 20);
+    embeddings.push_back(npy::load(out + "/embeddings.npy").value());
+    indexes.push_back(slurp(out + "/index.jsonl"));
+    EXPECT_NE(slurp(out + "/errors.jsonl").find("{\"file\":\"" + data + "\",\"id\":\"lines.txt:4\",\"item\":3,"),
+              std::string::npos);
+  }
+  for (size_t i = 1; i < embeddings.size(); ++i) {
+    ASSERT_EQ(embeddings[i].shape(), Shape({20, 16}));
+    const auto a = embeddings[0].to_vector(), b = embeddings[i].to_vector();
+    for (size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], b[j], 1e-5) << "run " << i << " value " << j;
+    EXPECT_EQ(indexes[i], indexes[0]);
+  }
+}
+
+TEST(Runs, BadItemsAreRecordedAndTheRunGoesOn) {
+  const std::string d = temp_dir("bad");
+  write(d + "/m.jsonl", "{\"id\": \"ok\", \"text\": \"fine\"}\n{\"id\": \"boom\", \"text\": \"THROW\"}\n"
+                        "{\"id\": \"bad\", \"text\": \"FAIL\"}\nnot json\n{\"id\": \"ok2\", \"text\": \"also fine\"}\n");
+  const RunSummary s = run_ok(experiment(d, d + "/m.jsonl"), d + "/run");
+  EXPECT_EQ(s.failed, 3);
+  EXPECT_EQ(s.sequences, 2);
+  const std::string errors = slurp(d + "/run/errors.jsonl");
+  EXPECT_NE(errors.find("{\"id\":\"boom\",\"item\":1,\"reason\":\"internal error: thrown from inside the plugin\"}"),
+            std::string::npos) << errors;
+  EXPECT_NE(errors.find("\"reason\":\"bad: the text says FAIL at byte 0\""), std::string::npos) << errors;
+  EXPECT_NE(errors.find("not a JSON object"), std::string::npos) << errors;
+  const std::string index = slurp(d + "/run/index.jsonl");
+  EXPECT_EQ(index, "{\"id\":\"ok\",\"item\":0,\"rows\":4}\n{\"id\":\"ok2\",\"item\":4,\"rows\":9}\n");
+}
+
+TEST(Runs, ProvenanceAndAttentionExport) {
+  const std::string d = temp_dir("export");
+  write(d + "/t.txt", "héllo\n");
+  const RunSummary s = run_ok(experiment(d, d + "/t.txt", "task: {kind: hidden, attention: {layers: [1], heads: [0]}}\n"),
+                              d + "/run");
+  EXPECT_EQ(s.sequences, 1);
+  const Tensor hidden = npy::load(d + "/run/hidden.npy").value();
+  EXPECT_EQ(hidden.shape(), Shape({6, 16}));  // é is two bytes: 6 byte rows
+  const std::string rows = slurp(d + "/run/rows.jsonl");
+  EXPECT_NE(rows.find("{\"bytes\":[1.0,2.0],\"pos\":[1,-1],\"role\":\"content\"}"), std::string::npos) << rows;
+  std::vector<std::string> files;
+  for (const auto& f : fs::directory_iterator(d + "/run/attention")) files.push_back(f.path().filename().string());
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_NE(files[0].find("t.txt_1-"), std::string::npos);
+  EXPECT_NE(files[0].find(".layer1.head0.png"), std::string::npos);
+  const Tensor maps = npy::load(d + "/run/attention/" + files[1]).value();
+  EXPECT_EQ(maps.shape(), Shape({1, 6, 6}));
+  for (int64_t i = 0; i < 6; ++i) {
+    double sum = 0;
+    for (int64_t j = 0; j < 6; ++j) sum += maps.at({0, i, j});
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  const std::string png = slurp(d + "/run/attention/" + files[0]);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+TEST(Runs, KilledAndResumedGivesByteIdenticalOutputs) {
+  const std::string d = temp_dir("resume");
+  const std::string data = lines_file(d, 40);
+  const std::string extra = "runtime: {batch_size: 3}\ntask: {kind: embed, attention: {layers: [0]}}\n";
+  // The child process is killed with SIGKILL right after its fourth batch is committed.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const Experiment e = experiment(d, data, extra);
+    RunOptions o;
+    o.out_dir = d + "/killed";
+    o.progress = false;
+    o.on_batch = [](int64_t done, int64_t) {
+      if (done == 4) raise(SIGKILL);
+    };
+    (void)run_experiment(e, o);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the run was not killed";
+  EXPECT_TRUE(fs::exists(d + "/killed/shards"));
+  EXPECT_FALSE(fs::exists(d + "/killed/embeddings.npy"));
+
+  const Experiment e = experiment(d, data, extra);
+  // Not without --resume, and not with a changed configuration.
+  RunOptions plain;
+  plain.out_dir = d + "/killed";
+  plain.progress = false;
+  Result<RunSummary> refused = run_experiment(e, plain);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("already holds a run (manifest.json): continue it with --resume"),
+            std::string::npos) << refused.status().message();
+  RunOptions resume = plain;
+  resume.resume = true;
+  Result<RunSummary> changed = run_experiment(experiment(d, data, "runtime: {batch_size: 4}\n"), resume);
+  ASSERT_FALSE(changed.ok());
+  EXPECT_NE(changed.status().message().find("cannot resume " + d + "/killed: the experiment's configuration changed"),
+            std::string::npos) << changed.status().message();
+
+  const RunSummary resumed = run_ok(e, d + "/killed", true);
+  EXPECT_EQ(resumed.batches_resumed, 4);
+  run_ok(e, d + "/straight");
+  // Every output file, byte for byte.
+  std::vector<std::string> names;
+  for (const auto& f : fs::recursive_directory_iterator(d + "/straight"))
+    if (f.is_regular_file()) names.push_back(fs::relative(f.path(), d + "/straight").string());
+  std::sort(names.begin(), names.end());
+  EXPECT_GT(names.size(), 40u);
+  for (const std::string& n : names) {
+    ASSERT_TRUE(fs::exists(d + "/killed/" + n)) << n;
+    if (n == "manifest.json") continue;  // names its own folder's experiment; compared below
+    EXPECT_EQ(slurp(d + "/killed/" + n), slurp(d + "/straight/" + n)) << n;
+  }
+  EXPECT_EQ(slurp(d + "/killed/manifest.json"), slurp(d + "/straight/manifest.json"));
+  EXPECT_FALSE(fs::exists(d + "/killed/shards"));
+}
+
+TEST(Runs, RefusesPluginsThatDoNotFitTheModel) {
+  const std::string d = temp_dir("fit");
+  write(d + "/t.txt", "x\n");
+  Experiment e = experiment(d, d + "/t.txt");
+  e.model.stem.vocab_size = 100;  // the probe's ids go to 257
+  RunOptions o;
+  o.out_dir = d + "/run";
+  o.progress = false;
+  Result<RunSummary> r = run_experiment(e, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("plugins[0]: plugin probe's vocabulary has 257 ids, more than model.stem.vocab_size "
+                                      "(100) (raise stem.vocab_size, or give the plugin the model's vocabulary)"),
+            std::string::npos) << r.status().message();
+}
+
+TEST(Heatmaps, BoxesAreColouredOverThePicture) {
+  TokenRows rows;
+  rows.picture.width = 4;
+  rows.picture.height = 2;
+  rows.picture.channels = 1;
+  rows.picture.pixels.assign(8, 200);
+  rows.picture.x1 = 4;
+  rows.picture.y1 = 2;
+  rows.roles = {TSR_ROLE_CLS, TSR_ROLE_CONTENT, TSR_ROLE_CONTENT};
+  rows.provenance = {{TSR_PROV_NONE, 0, 0, 0, 0, 0}, {TSR_PROV_PIXELS, 0, 0, 2, 0, 2}, {TSR_PROV_PIXELS, 0, 2, 4, 0, 2}};
+  const run::RgbImage img = run::heatmap_over_picture(rows, {0.5f, 0.1f, 0.9f});
+  ASSERT_EQ(img.width, 4);
+  uint8_t low[3], high[3];
+  run::colormap(0.0, low);
+  run::colormap(1.0, high);
+  // Left half shows the lowest weight's colour, right half the highest's, blended over grey 100.
+  EXPECT_EQ(img.pixels[0], static_cast<uint8_t>(std::lround(0.35 * 100 + 0.65 * low[0])));
+  EXPECT_EQ(img.pixels[3 * 3 + 1], static_cast<uint8_t>(std::lround(0.35 * 100 + 0.65 * high[1])));
+  Result<std::string> png = run::encode_png(img);
+  ASSERT_TRUE(png.ok());
+  EXPECT_EQ(png->substr(12, 4), "IHDR");
+  EXPECT_EQ(static_cast<unsigned char>((*png)[19]), 4);  // width, big-endian
+  EXPECT_EQ(static_cast<unsigned char>((*png)[23]), 2);  // height
+}
