@@ -34,7 +34,10 @@ std::shared_ptr<const Plugin> plugin() {
 
 // Every option, as the config loader passes them: the defaults with `changes` applied.
 std::vector<std::pair<std::string, std::string>> options(const OptionMap& changes) {
-  OptionMap all = {{"max_length", "1024"}, {"length_policy", "error"}, {"stride", "0"}, {"uppercase", "true"},
+  OptionMap all = {{"max_length", "1024"},
+                   {"length_policy", "error"},
+                   {"stride", "0"},
+                   {"uppercase", "true"},
                    {"unknown", "unk"}};
   for (const auto& [k, v] : changes) all[k] = v;
   return {all.begin(), all.end()};
@@ -85,7 +88,8 @@ PluginItem item_of(const FastaItem& f, const std::string& source) {
   return it;
 }
 
-PluginItem text_item(const std::string& id, const std::string& source, const std::string& text, uint32_t line) {
+PluginItem text_item(const std::string& id, const std::string& source, const std::string& text,
+                     uint32_t line) {
   PluginItem it;
   it.id = id;
   it.source = source;
@@ -115,7 +119,8 @@ std::string first_word_of_header(const std::string& record) {
   return record.substr(1, end - 1);
 }
 
-const char* const kHint = "a sequence holds the letters A-Z, the gaps '.' and '-', <mask>, <unk>, and one '*' at its end";
+const char* const kHint =
+    "a sequence holds the letters A-Z, the gaps '.' and '-', <mask>, <unk>, and one '*' at its end";
 
 }  // namespace
 
@@ -127,8 +132,10 @@ TEST(ProteinPlugin, DescribesItselfAndItsOptions) {
   EXPECT_EQ(p->input_kind(), TSR_INPUT_TEXT);
   EXPECT_EQ(p->extensions(), (std::vector<std::string>{".fasta", ".fa", ".faa"}));
   std::vector<std::string> names, defaults;
-  for (const auto& o : p->options()) names.push_back(o.name), defaults.push_back(o.default_value.value_or("?"));
-  EXPECT_EQ(names, (std::vector<std::string>{"max_length", "length_policy", "stride", "uppercase", "unknown"}));
+  for (const auto& o : p->options())
+    names.push_back(o.name), defaults.push_back(o.default_value.value_or("?"));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"max_length", "length_policy", "stride", "uppercase", "unknown"}));
   EXPECT_EQ(defaults, (std::vector<std::string>{"1024", "error", "0", "true", "unk"}));
   EXPECT_EQ(p->options()[0].type, TSR_OPT_INT);
   EXPECT_EQ(p->options()[1].choices, (std::vector<std::string>{"error", "truncate", "windows"}));
@@ -196,7 +203,8 @@ TEST(ProteinParity, TruncateGivesEsmTokenizerTruncation) {
     const bool long_one = want.contains("ids_truncated_1024");
     truncated += long_one;
     const TokenRows r = encode_one(e, item_of(items[k], "s"));
-    EXPECT_EQ(r.ids, want[long_one ? "ids_truncated_1024" : "ids"].get<std::vector<int32_t>>()) << want["name"];
+    EXPECT_EQ(r.ids, want[long_one ? "ids_truncated_1024" : "ids"].get<std::vector<int32_t>>())
+        << want["name"];
     EXPECT_LE(r.size(), 1024);
     EXPECT_EQ(r.provenance[r.size() - 2].x0, static_cast<double>(r.size() - 3));  // the first residues kept
   }
@@ -218,7 +226,8 @@ TEST(ProteinParity, MessyRecordsGiveEsmTokenizerIdsOfTheCleanSequence) {
     EXPECT_EQ(r.ids, want["ids"].get<std::vector<int32_t>>()) << want["name"];
     // decode() gives the clean sequence back, J (no ESM-2 token) as <unk>.
     std::string clean;
-    for (char c : want["clean"].get<std::string>()) clean += c == 'J' ? std::string("<unk>") : std::string(1, c);
+    for (char c : want["clean"].get<std::string>())
+      clean += c == 'J' ? std::string("<unk>") : std::string(1, c);
     auto text = e.decode(r.ids);
     ASSERT_TRUE(text.ok());
     EXPECT_EQ(*text, clean);
@@ -255,8 +264,8 @@ TEST(ProteinRows, LowerCaseIsUpperCasedOrUnknownAsConfigured) {
   // (EsmTokenizer gives one <unk> for the whole run "mktj": [0, 3, 2]).
   const TokenRows r = encode_one(encoder({{"uppercase", "false"}}), it);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 3, 3, 3, 3, 2}));
-  EXPECT_EQ(r.roles, (std::vector<uint8_t>{TSR_ROLE_CLS, TSR_ROLE_UNK, TSR_ROLE_UNK, TSR_ROLE_UNK, TSR_ROLE_UNK,
-                                           TSR_ROLE_EOS}));
+  EXPECT_EQ(r.roles, (std::vector<uint8_t>{TSR_ROLE_CLS, TSR_ROLE_UNK, TSR_ROLE_UNK, TSR_ROLE_UNK,
+                                           TSR_ROLE_UNK, TSR_ROLE_EOS}));
   const Status s = encode_error(encoder({{"uppercase", "false"}, {"unknown", "error"}}), it);
   EXPECT_EQ(s.code(), Code::parse_error);
   EXPECT_EQ(s.message(),
@@ -264,8 +273,8 @@ TEST(ProteinRows, LowerCaseIsUpperCasedOrUnknownAsConfigured) {
 }
 
 // Windows of (max_length - 2) residues every `stride` residues over the record's residues.
-void check_windows(const std::vector<TokenRows>& windows, const std::vector<int32_t>& ref_ids, int64_t max_length,
-                   int64_t stride) {
+void check_windows(const std::vector<TokenRows>& windows, const std::vector<int32_t>& ref_ids,
+                   int64_t max_length, int64_t stride) {
   const int64_t n = static_cast<int64_t>(ref_ids.size()) - 2, w = max_length - 2;
   ASSERT_FALSE(windows.empty());
   std::vector<int> covered(static_cast<size_t>(n), 0);
@@ -300,7 +309,8 @@ void check_windows(const std::vector<TokenRows>& windows, const std::vector<int3
     }
   }
   EXPECT_EQ(windows.back().provenance[windows.back().size() - 2].x1, static_cast<double>(n));
-  for (int64_t i = 0; i < n; ++i) ASSERT_GE(covered[static_cast<size_t>(i)], 1) << "residue " << i << " is in no window";
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_GE(covered[static_cast<size_t>(i)], 1) << "residue " << i << " is in no window";
 }
 
 TEST(ProteinWindows, CoverEveryResidueWithAbsoluteIndicesAndTheConfiguredOverlap) {
@@ -309,8 +319,8 @@ TEST(ProteinWindows, CoverEveryResidueWithAbsoluteIndicesAndTheConfiguredOverlap
   struct Case {
     int64_t max_length, stride, effective_stride;
   };
-  const Case cases[] = {{1024, 0, 511}, {1024, 1022, 1022}, {1024, 1000, 1000}, {130, 100, 100}, {130, 1, 1},
-                        {3, 1, 1}, {4, 0, 1}};
+  const Case cases[] = {{1024, 0, 511}, {1024, 1022, 1022}, {1024, 1000, 1000}, {130, 100, 100},
+                        {130, 1, 1},    {3, 1, 1},          {4, 0, 1}};
   int long_records = 0;
   for (size_t k = 0; k < items.size(); ++k) {
     const auto ids = ref["records"][k]["ids"].get<std::vector<int32_t>>();
@@ -318,8 +328,8 @@ TEST(ProteinWindows, CoverEveryResidueWithAbsoluteIndicesAndTheConfiguredOverlap
     ++long_records;
     for (const Case& c : cases) {
       if (c.effective_stride < 100 && long_records > 3) continue;  // small strides on three records: fast
-      SCOPED_TRACE(ref["records"][k]["name"].get<std::string>() + " max_length " + std::to_string(c.max_length) +
-                   " stride " + std::to_string(c.stride));
+      SCOPED_TRACE(ref["records"][k]["name"].get<std::string>() + " max_length " +
+                   std::to_string(c.max_length) + " stride " + std::to_string(c.stride));
       const Encoder e = encoder({{"length_policy", "windows"},
                                  {"max_length", std::to_string(c.max_length)},
                                  {"stride", std::to_string(c.stride)}});
@@ -345,11 +355,13 @@ TEST(ProteinWindows, AShortSequenceIsOneWindow) {
 TEST(ProteinLength, ErrorPolicyNamesTheRecordTheLengthAndTheFix) {
   const Encoder e = encoder({{"max_length", "7"}});
   EXPECT_EQ(encode_one(e, text_item("fit", "", "MKTAY", 1)).size(), 7);  // exactly max_length - 2 residues
-  const Status s = encode_error(e, text_item("u.fasta#2", "data/u.fasta", ">sp|P1|X long one\nMKT\nAYI\n", 5));
+  const Status s =
+      encode_error(e, text_item("u.fasta#2", "data/u.fasta", ">sp|P1|X long one\nMKT\nAYI\n", 5));
   EXPECT_EQ(s.code(), Code::out_of_range);
-  EXPECT_EQ(s.message(),
-            "data/u.fasta:5:1: u.fasta#2 (record sp|P1|X): 6 residues do not fit max_length 7 (5 residues + <cls> "
-            "+ <eos>): set length_policy to truncate or windows, or raise max_length");
+  EXPECT_EQ(
+      s.message(),
+      "data/u.fasta:5:1: u.fasta#2 (record sp|P1|X): 6 residues do not fit max_length 7 (5 residues + <cls> "
+      "+ <eos>): set length_policy to truncate or windows, or raise max_length");
 }
 
 TEST(ProteinBadInput, EachBrokenRecordIsAnErrorWithItsPlace) {
@@ -366,43 +378,54 @@ TEST(ProteinBadInput, EachBrokenRecordIsAnErrorWithItsPlace) {
       {">P1 wrapped\nMKTAYIAK\nQRQ1SFVK\n", 10, where + "12:4" + who + "'1' is not a residue; " + kHint},
       {">P1\r\nMKT\r\nAY;I\r\n", 3, where + "5:3" + who + "';' is not a residue; " + kHint},
       // A header with no sequence: an error, not an empty sequence of <cls> <eos>.
-      {">P1 nothing follows\n\n  \n", 20, where + "20:1" + who +
-                                              "the record has no residues after its header: add its sequence or "
-                                              "remove the record"},
-      {">P1 only a stop\n*\n", 20, where + "20:1" + who +
-                                       "the record has no residues after its header: add its sequence or remove "
-                                       "the record"},
+      {">P1 nothing follows\n\n  \n", 20,
+       where + "20:1" + who +
+           "the record has no residues after its header: add its sequence or "
+           "remove the record"},
+      {">P1 only a stop\n*\n", 20,
+       where + "20:1" + who +
+           "the record has no residues after its header: add its sequence or remove "
+           "the record"},
       // Empty headers.
-      {">\nMKT\n", 7, where + "7:2: bad.fasta#2: empty FASTA header: '>' must be followed by the record's name"},
-      {">  \t\r\nMKT\r\n", 7, where + "7:2: bad.fasta#2: empty FASTA header: '>' must be followed by the record's name"},
+      {">\nMKT\n", 7,
+       where + "7:2: bad.fasta#2: empty FASTA header: '>' must be followed by the record's name"},
+      {">  \t\r\nMKT\r\n", 7,
+       where + "7:2: bad.fasta#2: empty FASTA header: '>' must be followed by the record's name"},
       // '*' anywhere but at the end.
-      {">P1\nMKT*AYI\n", 1, where + "2:4" + who +
-                                "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
-                                "split the record"},
-      {">P1\nMKT*\nAYI\n", 1, where + "2:4" + who +
-                                  "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
-                                  "split the record"},
-      {">P1\nMKT**\n", 1, where + "2:4" + who +
-                              "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
-                              "split the record"},
+      {">P1\nMKT*AYI\n", 1,
+       where + "2:4" + who +
+           "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
+           "split the record"},
+      {">P1\nMKT*\nAYI\n", 1,
+       where + "2:4" + who +
+           "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
+           "split the record"},
+      {">P1\nMKT**\n", 1,
+       where + "2:4" + who +
+           "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
+           "split the record"},
       // Bytes that are not ASCII, or not text.
       {">P1 caf\xc3\xa9 is fine in a header\nMK\xc3\xa9T\n", 1,
        where + "2:3" + who + "'\xc3\xa9' (U+00E9, not ASCII) is not a residue; " + kHint},
-      {">P1\nMKT\xe2\x80\x94\n", 1, where + "2:4" + who + "'\xe2\x80\x94' (U+2014, not ASCII) is not a residue; " + kHint},
+      {">P1\nMKT\xe2\x80\x94\n", 1,
+       where + "2:4" + who + "'\xe2\x80\x94' (U+2014, not ASCII) is not a residue; " + kHint},
       {">P1\nMK\xff\n", 1, where + "2:3" + who + "byte 0xFF (not UTF-8) is not a residue; " + kHint},
       {">P1\nMK\xc3\n", 1, where + "2:3" + who + "byte 0xC3 (not UTF-8) is not a residue; " + kHint},
-      {std::string(">P1\nMK\0T\n", 9), 1, where + "2:3" + who + "byte 0x00 (a control character) is not a residue; " + kHint},
+      {std::string(">P1\nMK\0T\n", 9), 1,
+       where + "2:3" + who + "byte 0x00 (a control character) is not a residue; " + kHint},
       // Two records in one item: the host's splitter must give each its own.
-      {">P1\nMKT\n>P2\nAYI\n", 30, where + "32:1" + who +
-                                       "a '>' header line inside the record: each FASTA record must be its own item"},
+      {">P1\nMKT\n>P2\nAYI\n", 30,
+       where + "32:1" + who + "a '>' header line inside the record: each FASTA record must be its own item"},
       {">P1\nMKT >AYI\n", 1, where + "2:5" + who + "'>' is not a residue; " + kHint},
       // Special tokens other than <mask> and <unk>, or cut by a line break.
-      {">P1\nMK<cls>T\n", 1, where + "2:3" + who +
-                                 "'<' starts no token a sequence may hold: only <mask> and <unk> may appear inside "
-                                 "one, each on one line"},
-      {">P1\nMK<ma\nsk>T\n", 1, where + "2:3" + who +
-                                    "'<' starts no token a sequence may hold: only <mask> and <unk> may appear inside "
-                                    "one, each on one line"},
+      {">P1\nMK<cls>T\n", 1,
+       where + "2:3" + who +
+           "'<' starts no token a sequence may hold: only <mask> and <unk> may appear inside "
+           "one, each on one line"},
+      {">P1\nMK<ma\nsk>T\n", 1,
+       where + "2:3" + who +
+           "'<' starts no token a sequence may hold: only <mask> and <unk> may appear inside "
+           "one, each on one line"},
   };
   for (const Case& c : cases) {
     const Status s = encode_error(e, text_item("bad.fasta#2", "data/bad.fasta", c.text, c.line));
@@ -426,8 +449,10 @@ TEST(ProteinBadInput, BareSequencesAndInlineTextNameTheirPlace) {
   EXPECT_EQ(encode_error(e, text_item("m.jsonl#6", "", "MKT\n>P2\nAY", 0)).message(),
             "m.jsonl#6:2:1: a '>' header line inside the sequence: each FASTA record must be its own item");
   // A letter outside the alphabet under unknown: error.
-  EXPECT_EQ(encode_error(encoder({{"unknown", "error"}}), text_item("j.fa#1", "j.fa", ">P9\nMKJT\n", 1)).message(),
-            "j.fa:2:3: j.fa#1 (record P9): 'J' is not in the ESM-2 alphabet (set unknown: unk to read it as <unk>)");
+  EXPECT_EQ(
+      encode_error(encoder({{"unknown", "error"}}), text_item("j.fa#1", "j.fa", ">P9\nMKJT\n", 1)).message(),
+      "j.fa:2:3: j.fa#1 (record P9): 'J' is not in the ESM-2 alphabet (set unknown: unk to read it as "
+      "<unk>)");
   // A very long record name is cut in messages.
   const std::string name(300, 'N');
   const std::string m = encode_error(e, text_item("l#1", "l.fa", ">" + name + "\nM1\n", 1)).message();
@@ -437,8 +462,10 @@ TEST(ProteinBadInput, BareSequencesAndInlineTextNameTheirPlace) {
 TEST(ProteinBadInput, RandomBytesNeverCrashAndAlwaysExplain) {
   const Encoder e = encoder({{"length_policy", "windows"}, {"max_length", "8"}, {"stride", "3"}});
   std::mt19937 rng(7);
-  const std::string pieces[] = {"M", "k", "A", "J", "*", "<mask>", "<unk>", "<", ">", "\n", "\r\n", " ", "\t",
-                                "-", ".", "\xc3\xa9", "\xff", std::string(1, '\0'), "1", ">P1 x\n"};
+  const std::string pieces[] = {"M",     "k",      "A", "J",        "*",    "<mask>",
+                                "<unk>", "<",      ">", "\n",       "\r\n", " ",
+                                "\t",    "-",      ".", "\xc3\xa9", "\xff", std::string(1, '\0'),
+                                "1",     ">P1 x\n"};
   int ok = 0, bad = 0;
   for (int n = 0; n < 3000; ++n) {
     std::string text;
@@ -466,19 +493,23 @@ TEST(ProteinOptions, BadOptionsNameTheOption) {
   };
   const Case cases[] = {
       {{{"max_length", "2"}},
-       "max_length: max_length 2 is out of range: rows per sequence, <cls> and <eos> included, from 3 to 2147483647 "
+       "max_length: max_length 2 is out of range: rows per sequence, <cls> and <eos> included, from 3 to "
+       "2147483647 "
        "(ESM-2 was trained with 1024)"},
       {{{"max_length", "4294967296"}},
-       "max_length: max_length 4294967296 is out of range: rows per sequence, <cls> and <eos> included, from 3 to "
+       "max_length: max_length 4294967296 is out of range: rows per sequence, <cls> and <eos> included, from "
+       "3 to "
        "2147483647 (ESM-2 was trained with 1024)"},
       {{{"max_length", "long"}}, "max_length: option \"max_length\": \"long\" is not an integer"},
       {{{"length_policy", "sometimes"}},
        "length_policy: \"sometimes\" is no length policy: use error, truncate or windows"},
       {{{"stride", "-1"}},
-       "stride: stride -1 is out of range: residues from one window's start to the next, from 1 to max_length - 2 = "
+       "stride: stride -1 is out of range: residues from one window's start to the next, from 1 to "
+       "max_length - 2 = "
        "1022 (a larger stride would skip residues), or 0 for half a window"},
       {{{"stride", "101"}, {"max_length", "102"}},
-       "stride: stride 101 is out of range: residues from one window's start to the next, from 1 to max_length - 2 = "
+       "stride: stride 101 is out of range: residues from one window's start to the next, from 1 to "
+       "max_length - 2 = "
        "100 (a larger stride would skip residues), or 0 for half a window"},
       {{{"uppercase", "yes"}}, "uppercase: \"yes\" is not true or false"},
       {{{"unknown", "skip"}}, "unknown: \"skip\" is no choice for unknown letters: use unk or error"},
@@ -499,12 +530,14 @@ TEST(ProteinDecode, DropsFramingKeepsResiduePlacesAndRefusesForeignIds) {
   auto text = e.decode({0, 20, 15, 32, 3, 29, 30, 2, 1, 1, 31});
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(*text, "MK<mask><unk>.-");
-  EXPECT_EQ(encode_one(e, text_item("again", "", *text, 1)).ids, (std::vector<int32_t>{0, 20, 15, 32, 3, 29, 30, 2}));
+  EXPECT_EQ(encode_one(e, text_item("again", "", *text, 1)).ids,
+            (std::vector<int32_t>{0, 20, 15, 32, 3, 29, 30, 2}));
   for (int32_t id : {33, -1}) {
     auto bad = e.decode({0, 20, id});
     ASSERT_FALSE(bad.ok());
     EXPECT_EQ(bad.status().code(), Code::out_of_range);
-    EXPECT_EQ(bad.status().message(), "plugin protein (" + kPluginFile + "): decode: id " + std::to_string(id) +
+    EXPECT_EQ(bad.status().message(), "plugin protein (" + kPluginFile + "): decode: id " +
+                                          std::to_string(id) +
                                           " at position 2 is outside the ESM-2 vocabulary [0, 33)");
   }
 }

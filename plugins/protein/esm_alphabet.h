@@ -9,11 +9,13 @@
 
 namespace tessera_protein {
 
+// clang-format off
 inline constexpr std::array<std::string_view, 33> kTokens = {
     "<cls>", "<pad>", "<eos>", "<unk>",                                    // 0..3
     "L", "A", "G", "V", "S", "E", "R", "T", "I", "D", "P", "K", "Q", "N",   // 4..17
     "F", "Y", "M", "H", "W", "C", "X", "B", "U", "Z", "O", ".", "-",        // 18..30
     "<null_1>", "<mask>"};                                                 // 31, 32
+// clang-format on
 inline constexpr int32_t kVocabSize = static_cast<int32_t>(kTokens.size());
 inline constexpr int32_t kCls = 0, kPad = 1, kEos = 2, kUnk = 3, kNull1 = 31, kMask = 32;
 inline constexpr int32_t kFirstLetter = 4, kLastLetter = 30;  // one-character tokens: residues and gaps

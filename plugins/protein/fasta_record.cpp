@@ -57,7 +57,8 @@ size_t utf8_length(std::string_view text, size_t i, uint32_t* code_point) {
     if ((t & 0xC0) != 0x80) return 0;
     cp = (cp << 6) | (t & 0x3F);
   }
-  if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+  if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+      (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
     return 0;
   *code_point = cp;
   return n;
@@ -122,12 +123,15 @@ Record FastaReader::read(const Item& item) const {
     size_t b = 0;
     while (b < header.size() && header_space(header[b])) ++b;
     if (b == header.size())
-      fail(TSR_BAD_INPUT, item_message(item, "", 1, "empty FASTA header: '>' must be followed by the record's name"));
+      fail(TSR_BAD_INPUT,
+           item_message(item, "", 1, "empty FASTA header: '>' must be followed by the record's name"));
     size_t e = b;
     while (e < header.size() && !header_space(header[e])) ++e;
     r.name = short_name(header.substr(b, e - b));
   }
-  auto bad = [&](size_t at, const std::string& what) { fail(TSR_BAD_INPUT, item_message(item, r.name, at, what)); };
+  auto bad = [&](size_t at, const std::string& what) {
+    fail(TSR_BAD_INPUT, item_message(item, r.name, at, what));
+  };
 
   r.ids.reserve(text.size() - i);
   size_t stop_at = std::string_view::npos;  // where a '*' was seen
@@ -139,8 +143,9 @@ Record FastaReader::read(const Item& item) const {
     line_start = a == kNewline;
     if (a == kSkip || a == kNewline) continue;
     if (stop_at != std::string_view::npos)
-      bad(stop_at, "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or split the "
-                   "record");
+      bad(stop_at,
+          "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or split the "
+          "record");
     if (a >= 0) {
       r.ids.push_back(a);
       continue;
@@ -151,9 +156,10 @@ Record FastaReader::read(const Item& item) const {
         break;
       case kUnknown:
         if (unknown_is_error_)
-          bad(i, describe_char(text, i) + " is not in the ESM-2 alphabet" +
-                     (!uppercase_ && c >= 'a' && c <= 'z' ? " (its letters are upper case: set uppercase: true)"
-                                           : " (set unknown: unk to read it as <unk>)"));
+          bad(i,
+              describe_char(text, i) + " is not in the ESM-2 alphabet" +
+                  (!uppercase_ && c >= 'a' && c <= 'z' ? " (its letters are upper case: set uppercase: true)"
+                                                       : " (set unknown: unk to read it as <unk>)"));
         r.ids.push_back(kUnk);
         break;
       case kToken: {
@@ -165,8 +171,9 @@ Record FastaReader::read(const Item& item) const {
           r.ids.push_back(kUnk);
           i += 4;
         } else {
-          bad(i, "'<' starts no token a sequence may hold: only <mask> and <unk> may appear inside one, each on "
-                 "one line");
+          bad(i,
+              "'<' starts no token a sequence may hold: only <mask> and <unk> may appear inside one, each on "
+              "one line");
         }
         break;
       }

@@ -24,7 +24,8 @@ LengthPolicy policy_of(const std::string& s) {
   if (s == "error") return LengthPolicy::error;
   if (s == "truncate") return LengthPolicy::truncate;
   if (s == "windows") return LengthPolicy::windows;
-  fail(TSR_INVALID_ARGUMENT, "\"" + s + "\" is no length policy: use error, truncate or windows", "length_policy");
+  fail(TSR_INVALID_ARGUMENT, "\"" + s + "\" is no length policy: use error, truncate or windows",
+       "length_policy");
 }
 
 bool bool_of(const Options& o, const std::string& name) {
@@ -44,17 +45,21 @@ int64_t checked_max_length(const Options& o) {
   const int64_t n = o.get_int("max_length");
   if (n < 3 || n > std::numeric_limits<int32_t>::max())
     fail(TSR_INVALID_ARGUMENT,
-         "max_length " + std::to_string(n) + " is out of range: rows per sequence, <cls> and <eos> included, from 3 "
-         "to 2147483647 (ESM-2 was trained with 1024)",
+         "max_length " + std::to_string(n) +
+             " is out of range: rows per sequence, <cls> and <eos> included, from 3 "
+             "to 2147483647 (ESM-2 was trained with 1024)",
          "max_length");
   return n;
 }
 
 tsr_role role_of(int32_t id) {
   switch (id) {
-    case kUnk: return TSR_ROLE_UNK;
-    case kMask: return TSR_ROLE_MASK;
-    default: return TSR_ROLE_CONTENT;
+    case kUnk:
+      return TSR_ROLE_UNK;
+    case kMask:
+      return TSR_ROLE_MASK;
+    default:
+      return TSR_ROLE_CONTENT;
   }
 }
 
@@ -68,9 +73,12 @@ class Protein {
     const int64_t window = max_length_ - 2;
     if (stride_ < 0 || stride_ > window)
       fail(TSR_INVALID_ARGUMENT,
-           "stride " + std::to_string(stride_) + " is out of range: residues from one window's start to the next, "
-           "from 1 to max_length - 2 = " + std::to_string(window) + " (a larger stride would skip residues), or 0 "
-           "for half a window",
+           "stride " + std::to_string(stride_) +
+               " is out of range: residues from one window's start to the next, "
+               "from 1 to max_length - 2 = " +
+               std::to_string(window) +
+               " (a larger stride would skip residues), or 0 "
+               "for half a window",
            "stride");
     if (stride_ == 0) stride_ = window / 2 > 0 ? window / 2 : 1;
   }
@@ -92,11 +100,11 @@ class Protein {
     if (n <= window && policy_ != LengthPolicy::windows) return {rows(r.ids, 0, n, "")};
     switch (policy_) {
       case LengthPolicy::error:
-        fail(TSR_OUT_OF_RANGE,
-             item_message(item, r.name, 0,
-                          std::to_string(n) + " residues do not fit max_length " + std::to_string(max_length_) +
-                              " (" + std::to_string(window) + " residues + <cls> + <eos>): set length_policy to "
-                              "truncate or windows, or raise max_length"));
+        fail(TSR_OUT_OF_RANGE, item_message(item, r.name, 0,
+                                            std::to_string(n) + " residues do not fit max_length " +
+                                                std::to_string(max_length_) + " (" + std::to_string(window) +
+                                                " residues + <cls> + <eos>): set length_policy to "
+                                                "truncate or windows, or raise max_length"));
       case LengthPolicy::truncate:
         return {rows(r.ids, 0, window, "")};
       case LengthPolicy::windows:
@@ -122,7 +130,8 @@ class Protein {
       const int32_t id = ids[i];
       if (id < 0 || id >= kVocabSize)
         fail(TSR_OUT_OF_RANGE, "decode: id " + std::to_string(id) + " at position " + std::to_string(i) +
-                                   " is outside the ESM-2 vocabulary [0, " + std::to_string(kVocabSize) + ")");
+                                   " is outside the ESM-2 vocabulary [0, " + std::to_string(kVocabSize) +
+                                   ")");
       if (id == kCls || id == kEos || id == kPad || id == kNull1) continue;
       text += kTokens[static_cast<size_t>(id)];
     }
@@ -141,7 +150,8 @@ class Protein {
     s.provenance.reserve(n);
     s.add_id(kCls, TSR_ROLE_CLS, tessera::plugin::no_provenance());
     for (size_t i = begin; i < end; ++i)
-      s.add_id(ids[i], role_of(ids[i]), tessera::plugin::residues(static_cast<double>(i), static_cast<double>(i + 1)));
+      s.add_id(ids[i], role_of(ids[i]),
+               tessera::plugin::residues(static_cast<double>(i), static_cast<double>(i + 1)));
     s.add_id(kEos, TSR_ROLE_EOS, tessera::plugin::no_provenance());
     s.label = std::move(label);
     return s;
@@ -157,15 +167,18 @@ const tsr_option_spec kOptions[] = {
     {sizeof(tsr_option_spec), "max_length", TSR_OPT_INT, "1024",
      "rows per sequence, <cls> and <eos> included (ESM-2: 1024 = 1022 residues + 2)", nullptr},
     {sizeof(tsr_option_spec), "length_policy", TSR_OPT_ENUM, "error",
-     "a longer sequence fails the item (error), keeps its first max_length - 2 residues (truncate), or becomes "
+     "a longer sequence fails the item (error), keeps its first max_length - 2 residues (truncate), or "
+     "becomes "
      "overlapping windows w0, w1, ... (windows)",
      "error|truncate|windows"},
     {sizeof(tsr_option_spec), "stride", TSR_OPT_INT, "0",
-     "windows: residues from one window's start to the next, 1 to max_length - 2; 0 = half a window", nullptr},
+     "windows: residues from one window's start to the next, 1 to max_length - 2; 0 = half a window",
+     nullptr},
     {sizeof(tsr_option_spec), "uppercase", TSR_OPT_BOOL, "true",
      "read lower-case letters as their residues; false: they are unknown letters", nullptr},
     {sizeof(tsr_option_spec), "unknown", TSR_OPT_ENUM, "unk",
-     "a letter outside the ESM-2 alphabet (J, or lower case when uppercase is false) reads as <unk>, or fails the "
+     "a letter outside the ESM-2 alphabet (J, or lower case when uppercase is false) reads as <unk>, or "
+     "fails the "
      "item (error)",
      "unk|error"},
 };
