@@ -296,11 +296,14 @@ void check_windows(const std::vector<TokenRows>& windows, const std::vector<int3
     for (int64_t i = 1; i + 1 < r.size(); ++i) {
       const int64_t residue = begin + i - 1;  // absolute
       ASSERT_LT(residue, n);
-      EXPECT_EQ(r.provenance[i].kind, TSR_PROV_RESIDUE);
-      EXPECT_EQ(r.provenance[i].x0, static_cast<double>(residue));
-      EXPECT_EQ(r.provenance[i].x1, static_cast<double>(residue + 1));
-      EXPECT_EQ(r.positions[i][0], i);  // positions restart in each window
-      EXPECT_EQ(r.ids[i], ref_ids[static_cast<size_t>(residue + 1)]);
+      const tsr_provenance& p = r.provenance[i];
+      // One check per row, stopping at the first wrong one (positions restart in each window).
+      ASSERT_TRUE(p.kind == TSR_PROV_RESIDUE && p.x0 == static_cast<double>(residue) &&
+                  p.x1 == static_cast<double>(residue + 1) && r.positions[i][0] == i &&
+                  r.ids[i] == ref_ids[static_cast<size_t>(residue + 1)])
+          << "row " << i << ": id " << r.ids[i] << ", position " << r.positions[i][0] << ", provenance ["
+          << p.x0 << ", " << p.x1 << "); want residue " << residue << " (id "
+          << ref_ids[static_cast<size_t>(residue + 1)] << ")";
       ++covered[static_cast<size_t>(residue)];
     }
     if (k > 0) {  // the configured overlap with the previous window

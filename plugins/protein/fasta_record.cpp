@@ -138,7 +138,7 @@ Record FastaReader::read(const Item& item) const {
   bool line_start = !has_header;
   for (; i < text.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
-    int16_t a = action_[c];
+    const int16_t a = action_[c];
     const bool at_line_start = line_start;
     line_start = a == kNewline;
     if (a == kSkip || a == kNewline) continue;
