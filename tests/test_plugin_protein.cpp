@@ -1,0 +1,546 @@
+// The protein plugin through the real plugin ABI: ids identical to transformers' EsmTokenizer on real
+// UniProt records and on messy records made from them, roles, positions and provenance, the length
+// policies (error, truncate, windows), decode, every bad input and bad option as its exact message.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "tessera/plugins.h"
+
+using namespace tessera;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kPluginFile = std::string(TESSERA_PLUGIN_BUILD_DIR) + "/libtessera_protein.so";
+const std::string kData = std::string(TESSERA_TEST_DATA) + "/protein/";
+
+using OptionMap = std::map<std::string, std::string>;
+
+std::shared_ptr<const Plugin> plugin() {
+  static std::shared_ptr<const Plugin> p = [] {
+    auto r = Plugin::load(kPluginFile);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : nullptr;
+  }();
+  return p;
+}
+
+// Every option, as the config loader passes them: the defaults with `changes` applied.
+std::vector<std::pair<std::string, std::string>> options(const OptionMap& changes) {
+  OptionMap all = {{"max_length", "1024"},
+                   {"length_policy", "error"},
+                   {"stride", "0"},
+                   {"uppercase", "true"},
+                   {"unknown", "unk"}};
+  for (const auto& [k, v] : changes) all[k] = v;
+  return {all.begin(), all.end()};
+}
+
+Encoder encoder(const OptionMap& changes = {}) {
+  auto e = Encoder::create(plugin(), options(changes));
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  return std::move(e).value();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << path;
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// One FASTA record as the host hands it over: from its '>' line to just before the next '>' line.
+struct FastaItem {
+  std::string id, text;
+  uint32_t line = 0;
+  uint64_t offset = 0;
+};
+
+std::vector<FastaItem> split_fasta(const std::string& file_name, const std::string& text) {
+  std::vector<FastaItem> items;
+  uint32_t line = 1;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '>' && (i == 0 || text[i - 1] == '\n')) {
+      if (!items.empty()) items.back().text = text.substr(items.back().offset, i - items.back().offset);
+      items.push_back({file_name + "#" + std::to_string(items.size() + 1), "", line, i});
+    }
+    if (text[i] == '\n') ++line;
+  }
+  if (!items.empty()) items.back().text = text.substr(items.back().offset);
+  return items;
+}
+
+PluginItem item_of(const FastaItem& f, const std::string& source) {
+  PluginItem it;
+  it.id = f.id;
+  it.source = source;
+  it.data = f.text;
+  it.source_line = f.line;
+  it.source_offset = f.offset;
+  return it;
+}
+
+PluginItem text_item(const std::string& id, const std::string& source, const std::string& text,
+                     uint32_t line) {
+  PluginItem it;
+  it.id = id;
+  it.source = source;
+  it.data = text;
+  it.source_line = line;
+  return it;
+}
+
+// The one sequence an item encodes to, or a failed test.
+TokenRows encode_one(const Encoder& e, const PluginItem& it) {
+  auto rows = e.encode(it);
+  EXPECT_TRUE(rows.ok()) << rows.status().message();
+  if (!rows.ok()) return {};
+  EXPECT_EQ(rows->size(), 1u);
+  return rows->empty() ? TokenRows{} : (*rows)[0];
+}
+
+// The status a bad item gives.
+Status encode_error(const Encoder& e, const PluginItem& it) {
+  auto rows = e.encode(it);
+  EXPECT_FALSE(rows.ok()) << "encoded without error: " << it.id;
+  return rows.ok() ? Status() : rows.status();
+}
+
+std::string first_word_of_header(const std::string& record) {
+  const size_t end = record.find_first_of(" \t\r\n", 1);
+  return record.substr(1, end - 1);
+}
+
+const char* const kHint =
+    "a sequence holds the letters A-Z, the gaps '.' and '-', <mask>, <unk>, and one '*' at its end";
+
+}  // namespace
+
+TEST(ProteinPlugin, DescribesItselfAndItsOptions) {
+  auto p = plugin();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->name(), "protein");
+  EXPECT_EQ(p->modality(), "protein");
+  EXPECT_EQ(p->input_kind(), TSR_INPUT_TEXT);
+  EXPECT_EQ(p->extensions(), (std::vector<std::string>{".fasta", ".fa", ".faa"}));
+  std::vector<std::string> names, defaults;
+  for (const auto& o : p->options())
+    names.push_back(o.name), defaults.push_back(o.default_value.value_or("?"));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"max_length", "length_policy", "stride", "uppercase", "unknown"}));
+  EXPECT_EQ(defaults, (std::vector<std::string>{"1024", "error", "0", "true", "unk"}));
+  EXPECT_EQ(p->options()[0].type, TSR_OPT_INT);
+  EXPECT_EQ(p->options()[1].choices, (std::vector<std::string>{"error", "truncate", "windows"}));
+  EXPECT_EQ(p->options()[3].type, TSR_OPT_BOOL);
+  EXPECT_EQ(p->options()[4].choices, (std::vector<std::string>{"unk", "error"}));
+  const Encoder e = encoder({{"max_length", "300"}});
+  EXPECT_EQ(e.info().rows_kind, TSR_ROWS_IDS);
+  EXPECT_EQ(e.info().vocab_size, 33);
+  EXPECT_EQ(e.info().causal, 0);
+  EXPECT_EQ(e.info().pad_id, 1);
+  EXPECT_EQ(e.info().max_rows, 300);
+}
+
+TEST(ProteinPlugin, AlphabetIsTheEsm2Vocabulary) {
+  std::istringstream vocab(read_file(kData + "vocab.txt"));
+  std::vector<std::string> tokens;
+  for (std::string line; std::getline(vocab, line);) tokens.push_back(line);
+  ASSERT_EQ(tokens.size(), 33u);
+  const Encoder e = encoder();
+  for (int32_t id = 0; id < 33; ++id) {
+    const std::string& tok = tokens[static_cast<size_t>(id)];
+    const bool dropped = tok == "<cls>" || tok == "<eos>" || tok == "<pad>" || tok == "<null_1>";
+    auto text = e.decode({id});
+    ASSERT_TRUE(text.ok()) << text.status().message();
+    EXPECT_EQ(*text, dropped ? "" : tok) << "id " << id;
+    if (dropped) continue;
+    // Every token a sequence may hold encodes to its own id.
+    const TokenRows r = encode_one(e, text_item("t", "", tok, 1));
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{0, id, 2})) << tok;
+  }
+}
+
+TEST(ProteinParity, RealUniProtRecordsGiveEsmTokenizerIds) {
+  const std::string fasta = read_file(kData + "uniprot_sample.fasta");
+  const json ref = json::parse(read_file(kData + "uniprot_sample.json"));
+  const std::vector<FastaItem> items = split_fasta("uniprot_sample.fasta", fasta);
+  ASSERT_EQ(items.size(), ref["records"].size());
+  const Encoder e = encoder({{"max_length", "9000"}});  // the longest record has 8081 residues
+  size_t residues = 0, mismatches = 0;
+  std::set<char> letters;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const json& want = ref["records"][k];
+    EXPECT_EQ(first_word_of_header(items[k].text), want["name"].get<std::string>());
+    const TokenRows r = encode_one(e, item_of(items[k], kData + "uniprot_sample.fasta"));
+    const auto ids = want["ids"].get<std::vector<int32_t>>();
+    if (r.ids != ids) ++mismatches, ADD_FAILURE() << "ids differ for " << want["name"];
+    residues += ids.size() - 2;
+    for (size_t i = items[k].text.find('\n'); i < items[k].text.size(); ++i) letters.insert(items[k].text[i]);
+  }
+  EXPECT_EQ(items.size(), 300u);
+  EXPECT_EQ(residues, 280952u);
+  EXPECT_EQ(mismatches, 0u);
+  for (char c : {'X', 'B', 'Z'}) EXPECT_TRUE(letters.count(c)) << "the sample lacks " << c;
+  ::testing::Test::RecordProperty("sequences", static_cast<int>(items.size()));
+  ::testing::Test::RecordProperty("residues", static_cast<int>(residues));
+}
+
+TEST(ProteinParity, TruncateGivesEsmTokenizerTruncation) {
+  const std::vector<FastaItem> items = split_fasta("s", read_file(kData + "uniprot_sample.fasta"));
+  const json ref = json::parse(read_file(kData + "uniprot_sample.json"));
+  const Encoder e = encoder({{"length_policy", "truncate"}});
+  int truncated = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const json& want = ref["records"][k];
+    const bool long_one = want.contains("ids_truncated_1024");
+    truncated += long_one;
+    const TokenRows r = encode_one(e, item_of(items[k], "s"));
+    EXPECT_EQ(r.ids, want[long_one ? "ids_truncated_1024" : "ids"].get<std::vector<int32_t>>())
+        << want["name"];
+    EXPECT_LE(r.size(), 1024);
+    EXPECT_EQ(r.provenance[r.size() - 2].x0, static_cast<double>(r.size() - 3));  // the first residues kept
+  }
+  EXPECT_EQ(truncated, 47);
+}
+
+TEST(ProteinParity, MessyRecordsGiveEsmTokenizerIdsOfTheCleanSequence) {
+  const std::string fasta = read_file(kData + "messy.fasta");
+  ASSERT_NE(fasta.find("\r\n"), std::string::npos);  // the CRLF records survived checkout
+  const json ref = json::parse(read_file(kData + "messy.json"));
+  const std::vector<FastaItem> items = split_fasta("messy.fasta", fasta);
+  ASSERT_EQ(items.size(), ref["records"].size());
+  ASSERT_EQ(items.size(), 15u);
+  const Encoder e = encoder({{"max_length", "9000"}});
+  for (size_t k = 0; k < items.size(); ++k) {
+    const json& want = ref["records"][k];
+    EXPECT_EQ(first_word_of_header(items[k].text), want["name"].get<std::string>());
+    const TokenRows r = encode_one(e, item_of(items[k], "messy.fasta"));
+    EXPECT_EQ(r.ids, want["ids"].get<std::vector<int32_t>>()) << want["name"];
+    // decode() gives the clean sequence back, J (no ESM-2 token) as <unk>.
+    std::string clean;
+    for (char c : want["clean"].get<std::string>())
+      clean += c == 'J' ? std::string("<unk>") : std::string(1, c);
+    auto text = e.decode(r.ids);
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(*text, clean);
+  }
+}
+
+TEST(ProteinRows, RolesPositionsAndProvenance) {
+  const Encoder e = encoder();
+  const TokenRows r = encode_one(e, text_item("x.fasta#1", "x.fasta", ">P1 a test\nMK<mask>\nJ<unk>*\n", 1));
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 20, 15, 32, 3, 3, 2}));
+  EXPECT_EQ(r.roles, (std::vector<uint8_t>{TSR_ROLE_CLS, TSR_ROLE_CONTENT, TSR_ROLE_CONTENT, TSR_ROLE_MASK,
+                                           TSR_ROLE_UNK, TSR_ROLE_UNK, TSR_ROLE_EOS}));
+  EXPECT_EQ(r.label, "");
+  for (int64_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(r.positions[i], (std::array<int32_t, 2>{static_cast<int32_t>(i), -1}));
+    const tsr_provenance& p = r.provenance[i];
+    if (i == 0 || i == r.size() - 1) {
+      EXPECT_EQ(p.kind, TSR_PROV_NONE);
+    } else {
+      EXPECT_EQ(p.kind, TSR_PROV_RESIDUE);
+      EXPECT_EQ(p.x0, static_cast<double>(i - 1));
+      EXPECT_EQ(p.x1, static_cast<double>(i));
+    }
+  }
+  // A bare sequence (a line of a text file, a manifest's inline text) reads the same way.
+  EXPECT_EQ(encode_one(e, text_item("lines.txt:4", "lines.txt", "MK<mask>J<unk>", 4)).ids, r.ids);
+}
+
+TEST(ProteinRows, LowerCaseIsUpperCasedOrUnknownAsConfigured) {
+  const std::string text = "mktj";
+  const PluginItem it = text_item("lower", "", text, 1);
+  EXPECT_EQ(encode_one(encoder(), it).ids, (std::vector<int32_t>{0, 20, 15, 11, 3, 2}));
+  // Without upper-casing every lower-case letter is its own <unk>, so residue indices stay true
+  // (EsmTokenizer gives one <unk> for the whole run "mktj": [0, 3, 2]).
+  const TokenRows r = encode_one(encoder({{"uppercase", "false"}}), it);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 3, 3, 3, 3, 2}));
+  EXPECT_EQ(r.roles, (std::vector<uint8_t>{TSR_ROLE_CLS, TSR_ROLE_UNK, TSR_ROLE_UNK, TSR_ROLE_UNK,
+                                           TSR_ROLE_UNK, TSR_ROLE_EOS}));
+  const Status s = encode_error(encoder({{"uppercase", "false"}, {"unknown", "error"}}), it);
+  EXPECT_EQ(s.code(), Code::parse_error);
+  EXPECT_EQ(s.message(),
+            "lower:1:1: 'm' is not in the ESM-2 alphabet (its letters are upper case: set uppercase: true)");
+}
+
+// Windows of (max_length - 2) residues every `stride` residues over the record's residues.
+void check_windows(const std::vector<TokenRows>& windows, const std::vector<int32_t>& ref_ids,
+                   int64_t max_length, int64_t stride) {
+  const int64_t n = static_cast<int64_t>(ref_ids.size()) - 2, w = max_length - 2;
+  ASSERT_FALSE(windows.empty());
+  std::vector<int> covered(static_cast<size_t>(n), 0);
+  for (size_t k = 0; k < windows.size(); ++k) {
+    const TokenRows& r = windows[k];
+    SCOPED_TRACE("window " + std::to_string(k));
+    EXPECT_EQ(r.label, std::string("w").append(std::to_string(k)));
+    ASSERT_GE(r.size(), 3);
+    EXPECT_LE(r.size(), max_length);
+    EXPECT_EQ(r.ids.front(), 0);
+    EXPECT_EQ(r.ids.back(), 2);
+    EXPECT_EQ(r.roles.front(), TSR_ROLE_CLS);
+    EXPECT_EQ(r.roles.back(), TSR_ROLE_EOS);
+    const int64_t begin = static_cast<int64_t>(k) * stride;
+    EXPECT_EQ(r.provenance[1].x0, static_cast<double>(begin));
+    if (k + 1 < windows.size()) {
+      EXPECT_EQ(r.size(), max_length);  // only the last may be shorter
+    }
+    for (int64_t i = 1; i + 1 < r.size(); ++i) {
+      const int64_t residue = begin + i - 1;  // absolute
+      ASSERT_LT(residue, n);
+      const tsr_provenance& p = r.provenance[i];
+      // One check per row, stopping at the first wrong one (positions restart in each window).
+      ASSERT_TRUE(p.kind == TSR_PROV_RESIDUE && p.x0 == static_cast<double>(residue) &&
+                  p.x1 == static_cast<double>(residue + 1) && r.positions[i][0] == i &&
+                  r.ids[i] == ref_ids[static_cast<size_t>(residue + 1)])
+          << "row " << i << ": id " << r.ids[i] << ", position " << r.positions[i][0] << ", provenance ["
+          << p.x0 << ", " << p.x1 << "); want residue " << residue << " (id "
+          << ref_ids[static_cast<size_t>(residue + 1)] << ")";
+      ++covered[static_cast<size_t>(residue)];
+    }
+    if (k > 0) {  // the configured overlap with the previous window
+      const double prev_end = windows[k - 1].provenance[windows[k - 1].size() - 2].x1;
+      EXPECT_EQ(prev_end - r.provenance[1].x0, static_cast<double>(w - stride));
+    }
+  }
+  EXPECT_EQ(windows.back().provenance[windows.back().size() - 2].x1, static_cast<double>(n));
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_GE(covered[static_cast<size_t>(i)], 1) << "residue " << i << " is in no window";
+}
+
+TEST(ProteinWindows, CoverEveryResidueWithAbsoluteIndicesAndTheConfiguredOverlap) {
+  const std::vector<FastaItem> items = split_fasta("s", read_file(kData + "uniprot_sample.fasta"));
+  const json ref = json::parse(read_file(kData + "uniprot_sample.json"));
+  struct Case {
+    int64_t max_length, stride, effective_stride;
+  };
+  const Case cases[] = {{1024, 0, 511}, {1024, 1022, 1022}, {1024, 1000, 1000}, {130, 100, 100},
+                        {130, 1, 1},    {3, 1, 1},          {4, 0, 1}};
+  int long_records = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const auto ids = ref["records"][k]["ids"].get<std::vector<int32_t>>();
+    if (ids.size() < 1024 + 1) continue;
+    ++long_records;
+    for (const Case& c : cases) {
+      if (c.effective_stride < 100 && long_records > 3) continue;  // small strides on three records: fast
+      SCOPED_TRACE(ref["records"][k]["name"].get<std::string>() + " max_length " +
+                   std::to_string(c.max_length) + " stride " + std::to_string(c.stride));
+      const Encoder e = encoder({{"length_policy", "windows"},
+                                 {"max_length", std::to_string(c.max_length)},
+                                 {"stride", std::to_string(c.stride)}});
+      auto windows = e.encode(item_of(items[k], "s"));
+      ASSERT_TRUE(windows.ok()) << windows.status().message();
+      check_windows(*windows, ids, c.max_length, c.effective_stride);
+      const int64_t n = static_cast<int64_t>(ids.size()) - 2, w = c.max_length - 2;
+      const int64_t expected = n <= w ? 1 : (n - w + c.effective_stride - 1) / c.effective_stride + 1;
+      EXPECT_EQ(static_cast<int64_t>(windows->size()), expected);
+    }
+  }
+  EXPECT_EQ(long_records, 47);
+}
+
+TEST(ProteinWindows, AShortSequenceIsOneWindow) {
+  auto windows = encoder({{"length_policy", "windows"}}).encode(text_item("s", "", "MKT", 1));
+  ASSERT_TRUE(windows.ok());
+  ASSERT_EQ(windows->size(), 1u);
+  EXPECT_EQ((*windows)[0].label, "w0");
+  EXPECT_EQ((*windows)[0].ids, (std::vector<int32_t>{0, 20, 15, 11, 2}));
+}
+
+TEST(ProteinLength, ErrorPolicyNamesTheRecordTheLengthAndTheFix) {
+  const Encoder e = encoder({{"max_length", "7"}});
+  EXPECT_EQ(encode_one(e, text_item("fit", "", "MKTAY", 1)).size(), 7);  // exactly max_length - 2 residues
+  const Status s =
+      encode_error(e, text_item("u.fasta#2", "data/u.fasta", ">sp|P1|X long one\nMKT\nAYI\n", 5));
+  EXPECT_EQ(s.code(), Code::out_of_range);
+  EXPECT_EQ(
+      s.message(),
+      "data/u.fasta:5:1: u.fasta#2 (record sp|P1|X): 6 residues do not fit max_length 7 (5 residues + <cls> "
+      "+ <eos>): set length_policy to truncate or windows, or raise max_length");
+}
+
+TEST(ProteinBadInput, EachBrokenRecordIsAnErrorWithItsPlace) {
+  const Encoder e = encoder();
+  struct Case {
+    std::string text;
+    uint32_t line;
+    std::string message;
+  };
+  const std::string where = "data/bad.fasta:";
+  const std::string who = ": bad.fasta#2 (record P1): ";
+  const Case cases[] = {
+      // A character that is not a residue, on the third line of a wrapped record.
+      {">P1 wrapped\nMKTAYIAK\nQRQ1SFVK\n", 10, where + "12:4" + who + "'1' is not a residue; " + kHint},
+      {">P1\r\nMKT\r\nAY;I\r\n", 3, where + "5:3" + who + "';' is not a residue; " + kHint},
+      // A header with no sequence: an error, not an empty sequence of <cls> <eos>.
+      {">P1 nothing follows\n\n  \n", 20,
+       where + "20:1" + who +
+           "the record has no residues after its header: add its sequence or "
+           "remove the record"},
+      {">P1 only a stop\n*\n", 20,
+       where + "20:1" + who +
+           "the record has no residues after its header: add its sequence or remove "
+           "the record"},
+      // Empty headers.
+      {">\nMKT\n", 7,
+       where + "7:2: bad.fasta#2: empty FASTA header: '>' must be followed by the record's name"},
+      {">  \t\r\nMKT\r\n", 7,
+       where + "7:2: bad.fasta#2: empty FASTA header: '>' must be followed by the record's name"},
+      // '*' anywhere but at the end.
+      {">P1\nMKT*AYI\n", 1,
+       where + "2:4" + who +
+           "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
+           "split the record"},
+      {">P1\nMKT*\nAYI\n", 1,
+       where + "2:4" + who +
+           "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
+           "split the record"},
+      {">P1\nMKT**\n", 1,
+       where + "2:4" + who +
+           "'*' (a stop) before the end of the sequence; a '*' may only end it: remove it or "
+           "split the record"},
+      // Bytes that are not ASCII, or not text.
+      {">P1 caf\xc3\xa9 is fine in a header\nMK\xc3\xa9T\n", 1,
+       where + "2:3" + who + "'\xc3\xa9' (U+00E9, not ASCII) is not a residue; " + kHint},
+      {">P1\nMKT\xe2\x80\x94\n", 1,
+       where + "2:4" + who + "'\xe2\x80\x94' (U+2014, not ASCII) is not a residue; " + kHint},
+      {">P1\nMK\xff\n", 1, where + "2:3" + who + "byte 0xFF (not UTF-8) is not a residue; " + kHint},
+      {">P1\nMK\xc3\n", 1, where + "2:3" + who + "byte 0xC3 (not UTF-8) is not a residue; " + kHint},
+      {std::string(">P1\nMK\0T\n", 9), 1,
+       where + "2:3" + who + "byte 0x00 (a control character) is not a residue; " + kHint},
+      // Two records in one item: the host's splitter must give each its own.
+      {">P1\nMKT\n>P2\nAYI\n", 30,
+       where + "32:1" + who + "a '>' header line inside the record: each FASTA record must be its own item"},
+      {">P1\nMKT >AYI\n", 1, where + "2:5" + who + "'>' is not a residue; " + kHint},
+      // Special tokens other than <mask> and <unk>, or cut by a line break.
+      {">P1\nMK<cls>T\n", 1,
+       where + "2:3" + who +
+           "'<' starts no token a sequence may hold: only <mask> and <unk> may appear inside "
+           "one, each on one line"},
+      {">P1\nMK<ma\nsk>T\n", 1,
+       where + "2:3" + who +
+           "'<' starts no token a sequence may hold: only <mask> and <unk> may appear inside "
+           "one, each on one line"},
+  };
+  for (const Case& c : cases) {
+    const Status s = encode_error(e, text_item("bad.fasta#2", "data/bad.fasta", c.text, c.line));
+    EXPECT_EQ(s.code(), Code::parse_error) << c.message;
+    EXPECT_EQ(s.message(), c.message);
+  }
+}
+
+TEST(ProteinBadInput, BareSequencesAndInlineTextNameTheirPlace) {
+  const Encoder e = encoder();
+  // A line of a text file: FILE:LINE:COL from the item's source and line.
+  EXPECT_EQ(encode_error(e, text_item("seqs.txt:4", "seqs.txt", "MKT1", 4)).message(),
+            std::string("seqs.txt:4:4: seqs.txt:4: '1' is not a residue; ") + kHint);
+  // A manifest's inline text has no source file: the item id stands for it, lines count from 1.
+  EXPECT_EQ(encode_error(e, text_item("m.jsonl#3", "", "MKT\nA#", 0)).message(),
+            std::string("m.jsonl#3:2:2: '#' is not a residue; ") + kHint);
+  EXPECT_EQ(encode_error(e, text_item("m.jsonl#4", "", "", 0)).message(),
+            "m.jsonl#4:1:1: an empty sequence: give at least one residue");
+  EXPECT_EQ(encode_error(e, text_item("m.jsonl#5", "", " \r\n\t", 0)).message(),
+            "m.jsonl#5:1:1: an empty sequence: give at least one residue");
+  EXPECT_EQ(encode_error(e, text_item("m.jsonl#6", "", "MKT\n>P2\nAY", 0)).message(),
+            "m.jsonl#6:2:1: a '>' header line inside the sequence: each FASTA record must be its own item");
+  // A letter outside the alphabet under unknown: error.
+  EXPECT_EQ(
+      encode_error(encoder({{"unknown", "error"}}), text_item("j.fa#1", "j.fa", ">P9\nMKJT\n", 1)).message(),
+      "j.fa:2:3: j.fa#1 (record P9): 'J' is not in the ESM-2 alphabet (set unknown: unk to read it as "
+      "<unk>)");
+  // A very long record name is cut in messages.
+  const std::string name(300, 'N');
+  const std::string m = encode_error(e, text_item("l#1", "l.fa", ">" + name + "\nM1\n", 1)).message();
+  EXPECT_EQ(m, "l.fa:2:2: l#1 (record " + name.substr(0, 120) + "...): '1' is not a residue; " + kHint);
+}
+
+TEST(ProteinBadInput, RandomBytesNeverCrashAndAlwaysExplain) {
+  const Encoder e = encoder({{"length_policy", "windows"}, {"max_length", "8"}, {"stride", "3"}});
+  std::mt19937 rng(7);
+  const std::string pieces[] = {"M",     "k",      "A", "J",        "*",    "<mask>",
+                                "<unk>", "<",      ">", "\n",       "\r\n", " ",
+                                "\t",    "-",      ".", "\xc3\xa9", "\xff", std::string(1, '\0'),
+                                "1",     ">P1 x\n"};
+  int ok = 0, bad = 0;
+  for (int n = 0; n < 3000; ++n) {
+    std::string text;
+    const int len = static_cast<int>(rng() % 40);
+    for (int i = 0; i < len; ++i) text += pieces[rng() % std::size(pieces)];
+    auto rows = e.encode(text_item("r#" + std::to_string(n), "r.fa", text, 1));
+    if (rows.ok()) {
+      ++ok;
+      for (const TokenRows& r : *rows) EXPECT_LE(r.size(), 8);
+    } else {
+      ++bad;
+      EXPECT_EQ(rows.status().code(), Code::parse_error) << rows.status().message();
+      EXPECT_EQ(rows.status().message().rfind("r.fa:", 0), 0u) << rows.status().message();
+    }
+  }
+  EXPECT_GT(ok, 100);
+  EXPECT_GT(bad, 100);
+}
+
+TEST(ProteinOptions, BadOptionsNameTheOption) {
+  const std::string who = "plugin protein (" + kPluginFile + "): option ";
+  struct Case {
+    OptionMap changes;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{{"max_length", "2"}},
+       "max_length: max_length 2 is out of range: rows per sequence, <cls> and <eos> included, from 3 to "
+       "2147483647 "
+       "(ESM-2 was trained with 1024)"},
+      {{{"max_length", "4294967296"}},
+       "max_length: max_length 4294967296 is out of range: rows per sequence, <cls> and <eos> included, from "
+       "3 to "
+       "2147483647 (ESM-2 was trained with 1024)"},
+      {{{"max_length", "long"}}, "max_length: option \"max_length\": \"long\" is not an integer"},
+      {{{"length_policy", "sometimes"}},
+       "length_policy: \"sometimes\" is no length policy: use error, truncate or windows"},
+      {{{"stride", "-1"}},
+       "stride: stride -1 is out of range: residues from one window's start to the next, from 1 to "
+       "max_length - 2 = "
+       "1022 (a larger stride would skip residues), or 0 for half a window"},
+      {{{"stride", "101"}, {"max_length", "102"}},
+       "stride: stride 101 is out of range: residues from one window's start to the next, from 1 to "
+       "max_length - 2 = "
+       "100 (a larger stride would skip residues), or 0 for half a window"},
+      {{{"uppercase", "yes"}}, "uppercase: \"yes\" is not true or false"},
+      {{{"unknown", "skip"}}, "unknown: \"skip\" is no choice for unknown letters: use unk or error"},
+  };
+  for (const Case& c : cases) {
+    auto e = Encoder::create(plugin(), options(c.changes));
+    ASSERT_FALSE(e.ok()) << c.message;
+    EXPECT_EQ(e.status().code(), Code::invalid_argument);
+    EXPECT_EQ(e.status().message(), who + c.message);
+  }
+  auto missing = Encoder::create(plugin(), {{"max_length", "1024"}});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().message(), who + "length_policy: option \"length_policy\" was not passed");
+}
+
+TEST(ProteinDecode, DropsFramingKeepsResiduePlacesAndRefusesForeignIds) {
+  const Encoder e = encoder();
+  auto text = e.decode({0, 20, 15, 32, 3, 29, 30, 2, 1, 1, 31});
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "MK<mask><unk>.-");
+  EXPECT_EQ(encode_one(e, text_item("again", "", *text, 1)).ids,
+            (std::vector<int32_t>{0, 20, 15, 32, 3, 29, 30, 2}));
+  for (int32_t id : {33, -1}) {
+    auto bad = e.decode({0, 20, id});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), Code::out_of_range);
+    EXPECT_EQ(bad.status().message(), "plugin protein (" + kPluginFile + "): decode: id " +
+                                          std::to_string(id) +
+                                          " at position 2 is outside the ESM-2 vocabulary [0, 33)");
+  }
+}
