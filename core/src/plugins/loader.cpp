@@ -139,11 +139,15 @@ std::vector<std::string> plugin_search_dirs() {
   if (const char* env = std::getenv("TESSERA_PLUGIN_PATH"))
     for (const std::string& d : split(env, ':')) dirs.push_back(d);
 #ifdef TESSERA_BUILD_PLUGIN_DIR
-  dirs.push_back(TESSERA_BUILD_PLUGIN_DIR);
+  std::error_code ec;
+  if (fs::is_directory(TESSERA_BUILD_PLUGIN_DIR, ec)) dirs.push_back(TESSERA_BUILD_PLUGIN_DIR);
 #endif
-#ifdef TESSERA_INSTALL_PLUGIN_DIR
-  dirs.push_back(TESSERA_INSTALL_PLUGIN_DIR);
-#endif
+  // The install prefix: <libdir>/tessera/plugins beside this library, wherever it was installed.
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<const void*>(&plugin_search_dirs), &self) && self.dli_fname) {
+    const fs::path lib = fs::absolute(self.dli_fname).parent_path() / "tessera" / "plugins";
+    if (fs::is_directory(lib, ec)) dirs.push_back(lib.lexically_normal().string());
+  }
   return dirs;
 }
 

@@ -1,6 +1,3 @@
 target_sources(tessera PRIVATE ${CMAKE_CURRENT_LIST_DIR}/loader.cpp)
 target_link_libraries(tessera PRIVATE ${CMAKE_DL_LIBS})
-include(GNUInstallDirs)
-target_compile_definitions(tessera PRIVATE
-  TESSERA_BUILD_PLUGIN_DIR="${PROJECT_BINARY_DIR}/plugins"
-  TESSERA_INSTALL_PLUGIN_DIR="${CMAKE_INSTALL_FULL_LIBDIR}/tessera/plugins")
+target_compile_definitions(tessera PRIVATE TESSERA_BUILD_PLUGIN_DIR="${PROJECT_BINARY_DIR}/plugins")

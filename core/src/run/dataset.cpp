@@ -21,6 +21,14 @@ std::string lower(std::string s) {
   return s;
 }
 
+// Where text starts: after a UTF-8 byte-order mark, if there is one.
+size_t after_bom(const char* data, size_t n) {
+  return n >= 3 && static_cast<unsigned char>(data[0]) == 0xEF && static_cast<unsigned char>(data[1]) == 0xBB &&
+                 static_cast<unsigned char>(data[2]) == 0xBF
+             ? 3
+             : 0;
+}
+
 bool has_wildcard(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
 
 DataFormat detect(const std::string& path) {
@@ -120,7 +128,7 @@ Result<std::vector<DataItem>> read_fasta(const std::string& path) {
     if (in_record) items.back().parts[0].length = end - items.back().parts[0].offset;
   };
   uint32_t line = 1;
-  for (size_t pos = 0; pos < n; ++line) {
+  for (size_t pos = after_bom(data, n); pos < n; ++line) {
     const size_t eol = static_cast<size_t>(std::find(data + pos, data + n, '\n') - data);
     if (data[pos] == '>') {  // a header starts a record, which runs to the next header
       close(pos);
@@ -162,7 +170,7 @@ Result<std::vector<DataItem>> read_lines(const std::string& path, const PluginIn
   const std::string base = fs::path(path).filename().string();
   std::vector<DataItem> items;
   uint32_t line = 0;
-  for (size_t pos = 0; pos < n;) {
+  for (size_t pos = after_bom(data, n); pos < n;) {
     ++line;
     size_t eol = std::find(data + pos, data + n, '\n') - data;
     size_t end = eol;
