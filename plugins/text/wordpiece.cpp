@@ -1,8 +1,9 @@
 // BERT's WordPiece from vocab.txt: the basic tokenizer (pretokenize.cpp), then greedy
-// longest-match-first pieces with "##" continuations, [UNK] for words it cannot spell or longer
+// longest-match-first pieces (a byte trie walk) with "##" continuations, [UNK] for words it cannot spell or longer
 // than 100 characters, and decoding with Hugging Face's clean-up rules. Options and length policy
 // are the plugin's.
 #include <algorithm>
+#include <map>
 #include <unordered_map>
 
 #include "pretokenize.h"
@@ -29,6 +30,66 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
   s = std::move(out);
 }
 
+// The tokens as a byte trie, for longest-prefix matches in one walk (the same answer as trying
+// every shorter prefix in a hash map, longest first, as Hugging Face does: a token is valid UTF-8,
+// so a token that is a prefix of a word ends at a character boundary).
+class Trie {
+ public:
+  void insert(std::string_view key, int32_t id) {
+    int32_t node = 0;
+    for (char ch : key) {
+      const auto b = static_cast<uint8_t>(ch);
+      auto& kids = build_[node];
+      const auto it = kids.find(b);
+      if (it != kids.end()) {
+        node = it->second;
+      } else {
+        const auto next = static_cast<int32_t>(build_.size());
+        kids.emplace(b, next);
+        build_.emplace_back();
+        ids_.push_back(-1);
+        node = next;
+      }
+    }
+    ids_[node] = id;
+  }
+  // Turns the build-time maps into flat sorted edge arrays.
+  void freeze() {
+    first_.assign(build_.size() + 1, 0);
+    for (size_t n = 0; n < build_.size(); ++n) {
+      first_[n] = static_cast<int32_t>(edges_.size());
+      for (const auto& [b, child] : build_[n]) edges_.push_back({b, child});
+    }
+    first_[build_.size()] = static_cast<int32_t>(edges_.size());
+    build_.clear();
+  }
+  // The longest token that starts text: its id and length in bytes, or {-1, 0}.
+  std::pair<int32_t, size_t> longest_prefix(std::string_view text) const {
+    std::pair<int32_t, size_t> best{-1, 0};
+    int32_t node = 0;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const auto b = static_cast<uint8_t>(text[i]);
+      const Edge* lo = edges_.data() + first_[node];
+      const Edge* hi = edges_.data() + first_[node + 1];
+      const Edge* e = std::lower_bound(lo, hi, b, [](const Edge& x, uint8_t v) { return x.byte < v; });
+      if (e == hi || e->byte != b) break;
+      node = e->child;
+      if (ids_[node] >= 0) best = {ids_[node], i + 1};
+    }
+    return best;
+  }
+
+ private:
+  struct Edge {
+    uint8_t byte;
+    int32_t child;
+  };
+  std::vector<std::map<uint8_t, int32_t>> build_ = std::vector<std::map<uint8_t, int32_t>>(1);
+  std::vector<int32_t> ids_ = std::vector<int32_t>(1, -1);  // node -> token id, or -1
+  std::vector<int32_t> first_;                              // node -> its first edge
+  std::vector<Edge> edges_;
+};
+
 class WordPiece final : public Tokenizer {
  public:
   WordPiece(const std::string& path, const BertOptions& options) : options_(options) {
@@ -40,8 +101,14 @@ class WordPiece final : public Tokenizer {
       if (!fresh)
         file.fail_at(line_no, 1, "the token " + quoted(line) + " is already on line " + std::to_string(it->second + 1));
       tokens_.emplace_back(line);
-      max_token_bytes_ = std::max(max_token_bytes_, line.size());
     });
+    for (size_t id = 0; id < tokens_.size(); ++id) {
+      const std::string_view t = tokens_[id];
+      words_trie_.insert(t, static_cast<int32_t>(id));
+      if (t.size() > 2 && t.substr(0, 2) == "##") pieces_trie_.insert(t.substr(2), static_cast<int32_t>(id));
+    }
+    words_trie_.freeze();
+    pieces_trie_.freeze();
     const std::pair<const char*, tsr_role> specials[] = {{"[PAD]", TSR_ROLE_PAD},   {"[UNK]", TSR_ROLE_UNK},
                                                          {"[CLS]", TSR_ROLE_CLS},   {"[SEP]", TSR_ROLE_SEP},
                                                          {"[MASK]", TSR_ROLE_MASK}};
@@ -147,20 +214,11 @@ class WordPiece final : public Tokenizer {
     }
     offsets_.push_back(utf8_.size());
     for (size_t start = 0; start < m;) {
-      int32_t found = -1;
-      size_t end = m;
-      for (; end > start; --end) {
-        const size_t bytes = offsets_[end] - offsets_[start] + (start > 0 ? 2 : 0);
-        if (bytes > max_token_bytes_) continue;
-        key_.assign(start > 0 ? "##" : "");
-        key_.append(utf8_, offsets_[start], offsets_[end] - offsets_[start]);
-        const auto it = ids_.find(key_);
-        if (it != ids_.end()) {
-          found = it->second;
-          break;
-        }
-      }
+      const Trie& trie = start > 0 ? pieces_trie_ : words_trie_;  // "##" pieces after the first
+      const auto [found, bytes] = trie.longest_prefix(std::string_view(utf8_).substr(offsets_[start]));
       if (found < 0) return unknown();
+      const size_t end =
+          static_cast<size_t>(std::lower_bound(offsets_.begin(), offsets_.end(), offsets_[start] + bytes) - offsets_.begin());
       const auto [lo, hi] = span(start, end);
       out.push_back({found, TSR_ROLE_CONTENT, lo, hi});
       start = end;
@@ -170,7 +228,7 @@ class WordPiece final : public Tokenizer {
   BertOptions options_;
   std::unordered_map<std::string, int32_t> ids_;
   std::vector<std::string> tokens_;
-  size_t max_token_bytes_ = 0;
+  Trie words_trie_, pieces_trie_;  // all tokens; "##" tokens without their "##"
   std::vector<std::string> special_names_;
   std::vector<int32_t> special_ids_;
   std::vector<tsr_role> special_roles_;
@@ -178,7 +236,7 @@ class WordPiece final : public Tokenizer {
   // Scratch space reused across calls (an encoder serves one thread at a time).
   std::vector<Char> normalized_;
   std::vector<Piece> words_;
-  std::string utf8_, key_;
+  std::string utf8_;
   std::vector<size_t> offsets_;
 };
 
