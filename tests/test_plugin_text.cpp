@@ -10,9 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "pretokenize.h"
 #include "tessera/plugins.h"
@@ -49,7 +48,8 @@ std::vector<std::pair<std::string, std::string>> all_options(const Opts& given) 
 
 // The vocabulary options of each tokenizer, on the committed files.
 Opts files_of(const std::string& tokenizer) {
-  if (tokenizer == "bpe") return {{"tokenizer", "bpe"}, {"vocab", kData + "encoder.json"}, {"merges", kData + "vocab.bpe"}};
+  if (tokenizer == "bpe")
+    return {{"tokenizer", "bpe"}, {"vocab", kData + "encoder.json"}, {"merges", kData + "vocab.bpe"}};
   if (tokenizer == "wordpiece") return {{"tokenizer", "wordpiece"}, {"vocab", kData + "vocab.txt"}};
   if (tokenizer == "chars") return {{"tokenizer", "chars"}, {"vocab", kData + "chars.txt"}};
   return {{"tokenizer", "bytes"}};
@@ -76,8 +76,8 @@ std::string create_error(const std::string& tokenizer, Opts more) {
   return m.rfind(prefix, 0) == 0 ? m.substr(prefix.size()) : m;
 }
 
-PluginItem item(const std::string& text, const std::string& id = "lines.txt:7", const std::string& source = "",
-                uint32_t line = 0) {
+PluginItem item(const std::string& text, const std::string& id = "lines.txt:7",
+                const std::string& source = "", uint32_t line = 0) {
   PluginItem it;
   it.id = id;
   it.source = source;
@@ -134,7 +134,8 @@ std::vector<std::string> corpus_lines() {
   const std::string all = read_file(kData + "corpus.txt");
   std::vector<std::string> lines;
   size_t start = 0;
-  for (size_t nl; (nl = all.find('\n', start)) != std::string::npos; start = nl + 1) lines.push_back(all.substr(start, nl - start));
+  for (size_t nl; (nl = all.find('\n', start)) != std::string::npos; start = nl + 1)
+    lines.push_back(all.substr(start, nl - start));
   return lines;
 }
 
@@ -145,8 +146,10 @@ struct Reader {
   template <class T>
   T next() {
     T v{};
-    if (at + sizeof(T) > bytes.size()) ADD_FAILURE() << "fixture file too short";
-    else std::memcpy(&v, bytes.data() + at, sizeof(T));
+    if (at + sizeof(T) > bytes.size())
+      ADD_FAILURE() << "fixture file too short";
+    else
+      std::memcpy(&v, bytes.data() + at, sizeof(T));
     at += sizeof(T);
     return v;
   }
@@ -198,7 +201,8 @@ TEST(TextPlugin, DescribesItselfAndItsOptions) {
   EXPECT_EQ(plugin()->input_kind(), TSR_INPUT_TEXT);
   EXPECT_EQ(plugin()->extensions(), std::vector<std::string>{".txt"});
   std::vector<std::string> names;
-  for (const auto& o : plugin()->options()) names.push_back(o.name + "=" + o.default_value.value_or("(required)"));
+  for (const auto& o : plugin()->options())
+    names.push_back(o.name + "=" + o.default_value.value_or("(required)"));
   EXPECT_EQ(names, (std::vector<std::string>{"tokenizer=bytes", "vocab=", "merges=", "lowercase=auto",
                                              "strip_accents=auto", "add_special=auto", "max_length=0",
                                              "length_policy=error", "skip_special_tokens=false"}));
@@ -212,7 +216,8 @@ TEST(TextPlugin, EncoderInfoPerTokenizer) {
     const char* tokenizer;
     int64_t vocab;
     int32_t pad;
-  } expected[] = {{"bytes", 259, 258}, {"chars", 74 + 4, 74 + 3}, {"bpe", 50257, -1}, {"wordpiece", 30522, 0}};
+  } expected[] = {
+      {"bytes", 259, 258}, {"chars", 74 + 4, 74 + 3}, {"bpe", 50257, -1}, {"wordpiece", 30522, 0}};
   for (const auto& x : expected) {
     const Encoder e = encoder(x.tokenizer, {{"max_length", "64"}, {"length_policy", "truncate"}});
     EXPECT_EQ(e.info().rows_kind, TSR_ROWS_IDS) << x.tokenizer;
@@ -230,7 +235,8 @@ TEST(TextParity, CorpusIsRealAndLarge) {
   EXPECT_GE(lines.size(), 10000u);
   size_t non_ascii = 0, tabs = 0, runs = 0, digits = 0, emoji = 0;
   for (const std::string& l : lines) {
-    non_ascii += std::any_of(l.begin(), l.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; });
+    non_ascii +=
+        std::any_of(l.begin(), l.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; });
     tabs += l.find('\t') != std::string::npos;
     runs += l.find("  ") != std::string::npos;
     digits += std::any_of(l.begin(), l.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -254,13 +260,19 @@ TEST(TextParity, BpeIdsEqualHuggingFaceOnTheCorpus) {
   for (size_t i = 0; i < lines.size(); ++i) {
     const TokenRows r = encode_one(e, lines[i]);
     tokens += expected[i].size();
-    for (size_t k = 0; k < std::min(r.ids.size(), expected[i].size()); ++k) tokens_equal += r.ids[k] == expected[i][k];
-    if (r.ids == expected[i]) ++lines_equal;
-    else ADD_FAILURE() << "corpus line " << i + 1 << " differs (see make_text_fixtures.py --show-line " << i + 1 << ")";
-    bool tiled = !r.ids.empty() && span(r, 0).first == 0 && span(r, r.ids.size() - 1).second == int64_t(lines[i].size());
+    for (size_t k = 0; k < std::min(r.ids.size(), expected[i].size()); ++k)
+      tokens_equal += r.ids[k] == expected[i][k];
+    if (r.ids == expected[i])
+      ++lines_equal;
+    else
+      ADD_FAILURE() << "corpus line " << i + 1 << " differs (see make_text_fixtures.py --show-line " << i + 1
+                    << ")";
+    bool tiled = !r.ids.empty() && span(r, 0).first == 0 &&
+                 span(r, r.ids.size() - 1).second == int64_t(lines[i].size());
     for (size_t k = 0; tiled && k < r.ids.size(); ++k) {
       const auto [b0, b1] = span(r, k);
-      tiled = (k == 0 || b0 == span(r, k - 1).second) && decoded(e, {r.ids[k]}) == lines[i].substr(b0, b1 - b0);
+      tiled =
+          (k == 0 || b0 == span(r, k - 1).second) && decoded(e, {r.ids[k]}) == lines[i].substr(b0, b1 - b0);
     }
     spans_ok += tiled;
     round_trips += decoded(e, r.ids) == lines[i];
@@ -269,8 +281,9 @@ TEST(TextParity, BpeIdsEqualHuggingFaceOnTheCorpus) {
   EXPECT_EQ(tokens_equal, tokens);
   EXPECT_EQ(spans_ok, lines.size());
   EXPECT_EQ(round_trips, lines.size());
-  std::printf("[ bpe       ] %zu/%zu lines, %zu/%zu tokens identical; spans and round trips exact on %zu lines\n",
-              lines_equal, lines.size(), tokens_equal, tokens, round_trips);
+  std::printf(
+      "[ bpe       ] %zu/%zu lines, %zu/%zu tokens identical; spans and round trips exact on %zu lines\n",
+      lines_equal, lines.size(), tokens_equal, tokens, round_trips);
 }
 
 // BERT WordPiece: ids identical on every line; byte spans and decoded text equal the reference's
@@ -286,29 +299,38 @@ TEST(TextParity, WordPieceIdsEqualHuggingFaceOnTheCorpus) {
   for (size_t i = 0; i < lines.size(); ++i) {
     const TokenRows r = encode_one(e, lines[i]);
     tokens += expected[i].size();
-    for (size_t k = 0; k < std::min(r.ids.size(), expected[i].size()); ++k) tokens_equal += r.ids[k] == expected[i][k];
-    const std::string where = "corpus line " + std::to_string(i + 1) + " (see make_text_fixtures.py --show-line " +
-                              std::to_string(i + 1) + ")";
-    if (r.ids == expected[i]) ++lines_equal;
-    else ADD_FAILURE() << where << ": ids differ";
+    for (size_t k = 0; k < std::min(r.ids.size(), expected[i].size()); ++k)
+      tokens_equal += r.ids[k] == expected[i][k];
+    const std::string where = "corpus line " + std::to_string(i + 1) +
+                              " (see make_text_fixtures.py --show-line " + std::to_string(i + 1) + ")";
+    if (r.ids == expected[i])
+      ++lines_equal;
+    else
+      ADD_FAILURE() << where << ": ids differ";
     uint32_t h = 0x811c9dc5u;
     for (const auto& [b0, b1] : spans(r)) {
       const int32_t pair[2] = {static_cast<int32_t>(b0), static_cast<int32_t>(b1)};
       h = fnv1a32(pair, sizeof pair, h);
     }
     const uint32_t spans_hash = hashes.next<uint32_t>(), decode_hash = hashes.next<uint32_t>();
-    if (h == spans_hash) ++spans_equal;
-    else ADD_FAILURE() << where << ": byte spans differ";
+    if (h == spans_hash)
+      ++spans_equal;
+    else
+      ADD_FAILURE() << where << ": byte spans differ";
     const std::string text = decoded(e, r.ids);
-    if (fnv1a32(text.data(), text.size()) == decode_hash) ++decodes_equal;
-    else ADD_FAILURE() << where << ": decode gives \"" << text << "\"";
+    if (fnv1a32(text.data(), text.size()) == decode_hash)
+      ++decodes_equal;
+    else
+      ADD_FAILURE() << where << ": decode gives \"" << text << "\"";
   }
   EXPECT_EQ(lines_equal, lines.size());
   EXPECT_EQ(tokens_equal, tokens);
   EXPECT_EQ(spans_equal, lines.size());
   EXPECT_EQ(decodes_equal, lines.size());
-  std::printf("[ wordpiece ] %zu/%zu lines, %zu/%zu tokens identical; spans equal on %zu, decode equal on %zu lines\n",
-              lines_equal, lines.size(), tokens_equal, tokens, spans_equal, decodes_equal);
+  std::printf(
+      "[ wordpiece ] %zu/%zu lines, %zu/%zu tokens identical; spans equal on %zu, decode equal on %zu "
+      "lines\n",
+      lines_equal, lines.size(), tokens_equal, tokens, spans_equal, decodes_equal);
 }
 
 // Option variants (cased, accent stripping on and off, truncation, no specials, decode without
@@ -320,7 +342,8 @@ TEST(TextParity, OptionVariantsEqualHuggingFace) {
     Opts o;
     for (const auto& [k, v] : c["options"].items()) o[k] = v.get<std::string>();
     const std::string text = c["text"].get<std::string>();
-    const std::string label = c["tokenizer"].get<std::string>() + " " + c["options"].dump() + " on \"" + text + "\"";
+    const std::string label =
+        c["tokenizer"].get<std::string>() + " " + c["options"].dump() + " on \"" + text + "\"";
     const Encoder e = encoder(c["tokenizer"].get<std::string>(), o);
     const TokenRows r = encode_one(e, text);
     EXPECT_EQ(r.ids, c["ids"].get<std::vector<int32_t>>()) << label;
@@ -372,7 +395,8 @@ TEST(TextUnicode, EveryCodePointAsTheReferenceSeesIt) {
   std::vector<Piece> pieces;
   auto make = [&](std::u32string s) {
     chars.clear();
-    for (char32_t c : s) chars.push_back({c, static_cast<uint32_t>(chars.size()), static_cast<uint32_t>(chars.size() + 1)});
+    for (char32_t c : s)
+      chars.push_back({c, static_cast<uint32_t>(chars.size()), static_cast<uint32_t>(chars.size() + 1)});
   };
   for (char32_t cp = 0; cp < 0x110000; ++cp) {
     if (cp >= 0xD800 && cp <= 0xDFFF) continue;
@@ -384,8 +408,11 @@ TEST(TextUnicode, EveryCodePointAsTheReferenceSeesIt) {
     gpt2_split(chars.data(), chars.size(), pieces);
     std::string lengths;
     for (const Piece& p : pieces) lengths += std::to_string(p.end - p.begin);
-    const char g = lengths == "13" ? 'L' : lengths == "121" ? 'N' : lengths == "31" ? 'O' :
-                   (lengths == "1111" || (cp == ' ' && lengths == "112")) ? 'S' : '?';
+    const char g = lengths == "13"                                          ? 'L'
+                   : lengths == "121"                                       ? 'N'
+                   : lengths == "31"                                        ? 'O'
+                   : (lengths == "1111" || (cp == ' ' && lengths == "112")) ? 'S'
+                                                                            : '?';
     // BERT's pre-tokeniser on "a" c "b": 3 words (punctuation), 2 (whitespace) or 1.
     make({U'a', cp, U'b'});
     pieces.clear();
@@ -398,19 +425,25 @@ TEST(TextUnicode, EveryCodePointAsTheReferenceSeesIt) {
     bert_normalize(chars.data(), chars.size(), {false, false, true}, out);
     std::u32string cleaned;
     for (const Char& c : out) cleaned += c.cp;
-    const char k = cleaned.empty() ? 'R' : cleaned == U" " ? 'S' : cleaned == std::u32string{cp} ? 'K' :
-                   cleaned == std::u32string{U' ', cp, U' '} ? 'C' : '?';
+    const char k = cleaned.empty()                             ? 'R'
+                   : cleaned == U" "                           ? 'S'
+                   : cleaned == std::u32string{cp}             ? 'K'
+                   : cleaned == std::u32string{U' ', cp, U' '} ? 'C'
+                                                               : '?';
     out.clear();
     bert_normalize(chars.data(), chars.size(), {true, true, true}, out);
     std::u32string full;
     for (const Char& c : out) full += c.cp;
     const auto n = normalized.find(cp);
-    const std::u32string want_full = n != normalized.end() ? n->second :
-                                     want[2] == 'R' ? U"" : want[2] == 'S' ? U" " : want[2] == 'C' ?
-                                     std::u32string{U' ', cp, U' '} : std::u32string{cp};
+    const std::u32string want_full = n != normalized.end() ? n->second
+                                     : want[2] == 'R'      ? U""
+                                     : want[2] == 'S'      ? U" "
+                                     : want[2] == 'C'      ? std::u32string{U' ', cp, U' '}
+                                                           : std::u32string{cp};
     ++checked;
     if (std::string{g, b, k} != want || full != want_full) {
-      if (++wrong <= 20) ADD_FAILURE() << "U+" << std::hex << uint32_t(cp) << ": " << g << b << k << " want " << want;
+      if (++wrong <= 20)
+        ADD_FAILURE() << "U+" << std::hex << uint32_t(cp) << ": " << g << b << k << " want " << want;
     }
   }
   EXPECT_EQ(wrong, 0u);
@@ -446,7 +479,7 @@ TEST(TextRows, CharsHaveMultiByteSpansAndUnknowns) {
   ASSERT_EQ(r.ids.size(), 10u);  // BOS G o d ' ' é ' ' 👍 ! EOS
   EXPECT_EQ(r.roles[0], TSR_ROLE_BOS);
   EXPECT_EQ(r.roles[1], TSR_ROLE_CONTENT);
-  EXPECT_EQ(r.ids[1], 0);  // 'G', the first line of chars.txt
+  EXPECT_EQ(r.ids[1], 0);               // 'G', the first line of chars.txt
   EXPECT_EQ(r.roles[5], TSR_ROLE_UNK);  // é is not in chars.txt
   EXPECT_EQ(r.ids[5], 74);
   EXPECT_EQ(span(r, 5), (std::pair<int64_t, int64_t>{4, 6}));
@@ -472,7 +505,8 @@ TEST(TextRows, BpeSpansPointAtTheBytesOfMultiByteCharactersAndEmoji) {
   EXPECT_EQ(joined, text);
   // The emoji pair is split across byte-level tokens that can end inside a character.
   bool inside = false;
-  for (size_t i = 0; i < r.ids.size(); ++i) inside = inside || (span(r, i).second > 6 && span(r, i).second < 14);
+  for (size_t i = 0; i < r.ids.size(); ++i)
+    inside = inside || (span(r, i).second > 6 && span(r, i).second < 14);
   EXPECT_TRUE(inside);
 }
 
@@ -502,7 +536,8 @@ TEST(TextRows, WordPieceRolesAndSpans) {
                                            TSR_ROLE_UNK, TSR_ROLE_SEP, TSR_ROLE_UNK, TSR_ROLE_SEP}));
   EXPECT_EQ(spans(r), (std::vector<std::pair<int64_t, int64_t>>{
                           {-1, -1}, {0, 6}, {6, 7}, {8, 11}, {11, 14}, {15, 20}, {21, 25}, {-1, -1}}));
-  for (size_t i = 0; i < r.ids.size(); ++i) EXPECT_EQ(r.positions[i], (std::array<int32_t, 2>{int32_t(i), -1}));
+  for (size_t i = 0; i < r.ids.size(); ++i)
+    EXPECT_EQ(r.positions[i], (std::array<int32_t, 2>{int32_t(i), -1}));
 }
 
 TEST(TextRows, WordPieceLongWordsAreUnknownAndPiecesCarryHashes) {
@@ -511,7 +546,8 @@ TEST(TextRows, WordPieceLongWordsAreUnknownAndPiecesCarryHashes) {
   EXPECT_EQ(pieces.ids, (std::vector<int32_t>{14477, 20961, 3468}));  // una ##ffa ##ble
   EXPECT_EQ(spans(pieces), (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 6}, {6, 9}}));
   EXPECT_EQ(decoded(e, pieces.ids), "unaffable");
-  const TokenRows hundred = encode_one(e, std::string(100, 'a'));  // aaa ##aa ... ##a: 100 characters still spell
+  const TokenRows hundred =
+      encode_one(e, std::string(100, 'a'));  // aaa ##aa ... ##a: 100 characters still spell
   EXPECT_EQ(hundred.ids.size(), 50u);
   EXPECT_EQ(hundred.ids[0], 13360);
   const TokenRows long_word = encode_one(e, std::string(101, 'a') + " b");
@@ -525,7 +561,8 @@ TEST(TextLength, TruncateKeepsTheFirstRowsAndTheSpecials) {
   const Encoder e = encoder("wordpiece", {{"max_length", "4"}, {"length_policy", "truncate"}});
   const TokenRows r = encode_one(e, "one two three four");
   EXPECT_EQ(r.ids, (std::vector<int32_t>{101, 2028, 2048, 102}));
-  const Encoder b = encoder("bytes", {{"max_length", "3"}, {"length_policy", "truncate"}, {"add_special", "true"}});
+  const Encoder b =
+      encoder("bytes", {{"max_length", "3"}, {"length_policy", "truncate"}, {"add_special", "true"}});
   EXPECT_EQ(encode_one(b, "abc").ids, (std::vector<int32_t>{256, 'a', 257}));
   EXPECT_EQ(encode_one(b, "a").ids, (std::vector<int32_t>{256, 'a', 257}));
   const Encoder only = encoder("wordpiece", {{"max_length", "2"}, {"length_policy", "truncate"}});
@@ -535,9 +572,10 @@ TEST(TextLength, TruncateKeepsTheFirstRowsAndTheSpecials) {
 TEST(TextLength, ErrorPolicyNamesTheItemTheCountAndWhereTheTextStopsFitting) {
   const Encoder e = encoder("wordpiece", {{"max_length", "4"}});
   EXPECT_EQ(encode_one(e, "one two").ids.size(), 4u);  // exactly max_length fits
-  EXPECT_EQ(encode_error(e, item("one two three four", "lines.txt:7", "data/lines.txt", 7)),
-            "lines.txt:7: 6 tokens with [CLS] and [SEP] are more than max_length 4; the text from byte 8 "
-            "(data/lines.txt:7:9) on does not fit (set length_policy: truncate to cut it, or raise max_length)");
+  EXPECT_EQ(
+      encode_error(e, item("one two three four", "lines.txt:7", "data/lines.txt", 7)),
+      "lines.txt:7: 6 tokens with [CLS] and [SEP] are more than max_length 4; the text from byte 8 "
+      "(data/lines.txt:7:9) on does not fit (set length_policy: truncate to cut it, or raise max_length)");
   const Encoder b = encoder("bpe", {{"max_length", "2"}});
   EXPECT_EQ(encode_error(b, item("Hello world again", "m.jsonl#3")),
             "m.jsonl#3: 3 tokens are more than max_length 2; the text from byte 11 on does not fit (set "
@@ -560,7 +598,9 @@ TEST(TextDecode, IdsOutsideTheVocabularyAreErrors) {
     const char* tokenizer;
     int32_t bad;
     const char* range;
-  } cases[] = {{"bytes", 259, "[0, 259)"}, {"chars", -1, "[0, 78)"}, {"bpe", 50257, "[0, 50257)"},
+  } cases[] = {{"bytes", 259, "[0, 259)"},
+               {"chars", -1, "[0, 78)"},
+               {"bpe", 50257, "[0, 50257)"},
                {"wordpiece", 30522, "[0, 30522)"}};
   for (const auto& c : cases) {
     const Encoder e = encoder(c.tokenizer);
@@ -575,29 +615,35 @@ TEST(TextDecode, IdsOutsideTheVocabularyAreErrors) {
 // ---- Bad items ------------------------------------------------------------------------------------
 
 TEST(TextBadInput, InvalidUtf8NamesTheItemTheByteAndWhatToDo) {
-  const std::string hint = "; tokenizer wordpiece reads UTF-8 text: convert the input (e.g. iconv -f latin1 -t "
-                           "utf-8) or use tokenizer: bytes";
+  const std::string hint =
+      "; tokenizer wordpiece reads UTF-8 text: convert the input (e.g. iconv -f latin1 -t "
+      "utf-8) or use tokenizer: bytes";
   const Encoder e = encoder("wordpiece");
   const struct {
     std::string text, reason;
   } cases[] = {
       {"ab\xFF", "byte 2: byte 0xFF cannot start a character in UTF-8"},
       {"\x80", "byte 0: byte 0x80 is a continuation byte where a character should start"},
-      {"caf\xE9 au lait", "byte 3: the 3-byte character starting with 0xE9 is cut short: byte 0x20 is not a "
-                          "continuation byte"},
+      {"caf\xE9 au lait",
+       "byte 3: the 3-byte character starting with 0xE9 is cut short: byte 0x20 is not a "
+       "continuation byte"},
       {"x\xE2\x82", "byte 1: the 3-byte character starting with 0xE2 is cut short by the end of the text"},
       {"\xC0\xAF", "byte 0: byte 0xC0 cannot start a character in UTF-8"},
       {"\xE0\x80\xAF", "byte 0: bytes starting with 0xE0 0x80 are an overlong encoding"},
       {"\xF0\x80\x80\xAF", "byte 0: bytes starting with 0xF0 0x80 are an overlong encoding"},
-      {"\xED\xA0\x80", "byte 0: bytes 0xED 0xA0 0x80 encode a UTF-16 surrogate, which UTF-8 must not contain"},
+      {"\xED\xA0\x80",
+       "byte 0: bytes 0xED 0xA0 0x80 encode a UTF-16 surrogate, which UTF-8 must not contain"},
       {"\xF4\x90\x80\x80", "byte 0: bytes starting with 0xF4 0x90 encode a value above U+10FFFF"},
   };
   for (const auto& c : cases)
-    EXPECT_EQ(encode_error(e, item(c.text, "lines.txt:7")), "lines.txt:7: invalid UTF-8 at " + c.reason + hint);
+    EXPECT_EQ(encode_error(e, item(c.text, "lines.txt:7")),
+              "lines.txt:7: invalid UTF-8 at " + c.reason + hint);
   // With its source, the message gives line:col; in a multi-line item, the line within it.
-  EXPECT_EQ(encode_error(e, item("first\nse\xFF", "notes.jsonl#2", "data/notes.jsonl", 40)),
-            "notes.jsonl#2: invalid UTF-8 at byte 8 (data/notes.jsonl:41:3): byte 0xFF cannot start a character in "
-            "UTF-8" + hint);
+  EXPECT_EQ(
+      encode_error(e, item("first\nse\xFF", "notes.jsonl#2", "data/notes.jsonl", 40)),
+      "notes.jsonl#2: invalid UTF-8 at byte 8 (data/notes.jsonl:41:3): byte 0xFF cannot start a character in "
+      "UTF-8" +
+          hint);
   // Every tokenizer that reads Unicode refuses it; bytes takes it.
   for (const char* t : {"chars", "bpe"})
     EXPECT_NE(encode_error(encoder(t), item("\xFF")).find("tokenizer " + std::string(t) + " reads UTF-8"),
@@ -607,55 +653,68 @@ TEST(TextBadInput, InvalidUtf8NamesTheItemTheByteAndWhatToDo) {
 }
 
 TEST(TextBadInput, TextWithoutTokens) {
-  EXPECT_EQ(encode_error(encoder("bpe"), item("", "lines.txt:3")),
-            "lines.txt:3: the text gives no tokens (it is empty); remove such items, or set add_special: true to "
-            "get <|endoftext|> rows");
-  EXPECT_EQ(encode_error(encoder("wordpiece", {{"add_special", "false"}}), item(" \t\x01\xE2\x80\x8B", "l:4")),
-            "l:4: the text gives no tokens (it holds only whitespace and characters BERT drops); remove such items, "
-            "or set add_special: true to get [CLS] and [SEP] rows");
+  EXPECT_EQ(
+      encode_error(encoder("bpe"), item("", "lines.txt:3")),
+      "lines.txt:3: the text gives no tokens (it is empty); remove such items, or set add_special: true to "
+      "get <|endoftext|> rows");
+  EXPECT_EQ(
+      encode_error(encoder("wordpiece", {{"add_special", "false"}}), item(" \t\x01\xE2\x80\x8B", "l:4")),
+      "l:4: the text gives no tokens (it holds only whitespace and characters BERT drops); remove such "
+      "items, "
+      "or set add_special: true to get [CLS] and [SEP] rows");
   EXPECT_EQ(encode_one(encoder("wordpiece"), "").ids, (std::vector<int32_t>{101, 102}));
-  EXPECT_EQ(encode_one(encoder("bytes", {{"add_special", "true"}}), "").ids, (std::vector<int32_t>{256, 257}));
+  EXPECT_EQ(encode_one(encoder("bytes", {{"add_special", "true"}}), "").ids,
+            (std::vector<int32_t>{256, 257}));
 }
 
 // ---- Bad options ----------------------------------------------------------------------------------
 
 TEST(TextBadOption, MissingOrMisplacedFiles) {
-  EXPECT_EQ(create_error("bytes", {{"vocab", kData + "vocab.txt"}}),
-            "option vocab: tokenizer bytes reads no vocabulary; remove vocab or choose chars, bpe or wordpiece");
-  EXPECT_EQ(create_error("wordpiece", {{"vocab", ""}}),
-            "option vocab: tokenizer wordpiece needs vocab: the path of a BERT vocab.txt (one token per line)");
+  EXPECT_EQ(
+      create_error("bytes", {{"vocab", kData + "vocab.txt"}}),
+      "option vocab: tokenizer bytes reads no vocabulary; remove vocab or choose chars, bpe or wordpiece");
+  EXPECT_EQ(
+      create_error("wordpiece", {{"vocab", ""}}),
+      "option vocab: tokenizer wordpiece needs vocab: the path of a BERT vocab.txt (one token per line)");
   EXPECT_EQ(create_error("chars", {{"vocab", ""}}),
             "option vocab: tokenizer chars needs vocab: a UTF-8 file with one character per line");
-  EXPECT_EQ(create_error("bpe", {{"vocab", ""}}), "option vocab: tokenizer bpe needs vocab: the path of GPT-2's encoder.json");
-  EXPECT_EQ(create_error("bpe", {{"merges", ""}}), "option merges: tokenizer bpe needs merges: the path of GPT-2's vocab.bpe");
+  EXPECT_EQ(create_error("bpe", {{"vocab", ""}}),
+            "option vocab: tokenizer bpe needs vocab: the path of GPT-2's encoder.json");
+  EXPECT_EQ(create_error("bpe", {{"merges", ""}}),
+            "option merges: tokenizer bpe needs merges: the path of GPT-2's vocab.bpe");
   EXPECT_EQ(create_error("wordpiece", {{"merges", kData + "vocab.bpe"}}),
             "option merges: only tokenizer bpe reads merges; remove it for tokenizer wordpiece");
   auto missing = create("wordpiece", {{"vocab", "/nonexistent/vocab.txt"}});
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), Code::not_found);
-  EXPECT_EQ(create_error("wordpiece", {{"vocab", "/nonexistent/vocab.txt"}}),
-            "option vocab: cannot read /nonexistent/vocab.txt: No such file or directory (relative paths are taken "
-            "from the experiment file's folder)");
+  EXPECT_EQ(
+      create_error("wordpiece", {{"vocab", "/nonexistent/vocab.txt"}}),
+      "option vocab: cannot read /nonexistent/vocab.txt: No such file or directory (relative paths are taken "
+      "from the experiment file's folder)");
   EXPECT_EQ(create_error("wordpiece", {{"vocab", kData}}),
             "option vocab: cannot read " + kData + ": it is a folder; name the file in it");
   const TempFile empty("empty.txt", "");
-  EXPECT_EQ(create_error("chars", {{"vocab", empty.path}}), "option vocab: " + empty.path + ": the file is empty");
+  EXPECT_EQ(create_error("chars", {{"vocab", empty.path}}),
+            "option vocab: " + empty.path + ": the file is empty");
 }
 
 TEST(TextBadOption, OptionValues) {
   EXPECT_EQ(create_error("bpe", {{"lowercase", "true"}}),
-            "option lowercase: only tokenizer wordpiece lower-cases; bpe keeps the text as it is (use auto or false)");
+            "option lowercase: only tokenizer wordpiece lower-cases; bpe keeps the text as it is (use auto "
+            "or false)");
   EXPECT_EQ(create_error("bytes", {{"strip_accents", "true"}}),
             "option strip_accents: only tokenizer wordpiece strips accents (use auto or false for bytes)");
   EXPECT_EQ(create_error("bytes", {{"max_length", "-1"}}),
             "option max_length: -1 is not a length: use 0 for no limit, or up to 2147483647");
   EXPECT_EQ(create_error("wordpiece", {{"max_length", "1"}}),
-            "option max_length: max_length 1 leaves no room for [CLS] and [SEP]; use at least 2, or 0 for no limit");
+            "option max_length: max_length 1 leaves no room for [CLS] and [SEP]; use at least 2, or 0 for no "
+            "limit");
   EXPECT_EQ(create_error("bytes", {{"tokenizer", "sentencepiece"}}),
             "option tokenizer: \"sentencepiece\" is not one of bytes, chars, bpe, wordpiece");
   EXPECT_EQ(create_error("bytes", {{"length_policy", "wrap"}}),
             "option length_policy: \"wrap\" is not one of error, truncate");
-  EXPECT_EQ(create_error("bytes", {{"add_special", "yes"}}), "option add_special: \"yes\" is not one of auto, true, false");
+  EXPECT_EQ(create_error("bytes", {{"add_special", "yes"}}),
+            "option add_special: \"yes\" is not one of auto, true, false");
   const TempFile no_cls("no_cls.txt", "[PAD]\n[UNK]\nhello\n");
   EXPECT_EQ(create_error("wordpiece", {{"vocab", no_cls.path}}),
             "option add_special: " + no_cls.path + " has no [CLS] and [SEP] for add_special");
@@ -670,18 +729,21 @@ TEST(TextBadOption, WordPieceVocabularyFiles) {
   EXPECT_EQ(create_error("wordpiece", {{"vocab", twice.path}, {"add_special", "false"}}),
             "option vocab: " + twice.path + ":4:1: the token \"hello\" is already on line 2");
   const TempFile no_unk("no_unk.txt", "hello\nworld\n");
-  EXPECT_EQ(create_error("wordpiece", {{"vocab", no_unk.path}, {"add_special", "false"}}),
-            "option vocab: " + no_unk.path + ": no [UNK] token; WordPiece needs one for words it cannot spell");
+  EXPECT_EQ(
+      create_error("wordpiece", {{"vocab", no_unk.path}, {"add_special", "false"}}),
+      "option vocab: " + no_unk.path + ": no [UNK] token; WordPiece needs one for words it cannot spell");
   const TempFile latin1("latin1.txt", "[UNK]\ncaf\xE9\n");
   EXPECT_EQ(create_error("wordpiece", {{"vocab", latin1.path}, {"add_special", "false"}}),
-            "option vocab: " + latin1.path + ":2:4: invalid UTF-8: the 3-byte character starting with 0xE9 is cut "
-            "short by the end of the text (save the file as UTF-8)");
+            "option vocab: " + latin1.path +
+                ":2:4: invalid UTF-8: the 3-byte character starting with 0xE9 is cut "
+                "short by the end of the text (save the file as UTF-8)");
 }
 
 TEST(TextBadOption, CharsVocabularyFiles) {
   const TempFile two("two.txt", "a\nbc\n");
-  EXPECT_EQ(create_error("chars", {{"vocab", two.path}}),
-            "option vocab: " + two.path + ":2:1: the line \"bc\" holds 2 characters; each line holds exactly one");
+  EXPECT_EQ(
+      create_error("chars", {{"vocab", two.path}}),
+      "option vocab: " + two.path + ":2:1: the line \"bc\" holds 2 characters; each line holds exactly one");
   const TempFile blank("blank.txt", "a\n\nb\n");
   EXPECT_EQ(create_error("chars", {{"vocab", blank.path}}),
             "option vocab: " + blank.path + ":2:1: an empty line; each line holds exactly one character");
@@ -690,8 +752,9 @@ TEST(TextBadOption, CharsVocabularyFiles) {
             "option vocab: " + twice.path + ":4:1: the character \"\xC3\xA9\" is already on line 2");
   const TempFile bad("bad.txt", "a\n\xFF\n");
   EXPECT_EQ(create_error("chars", {{"vocab", bad.path}}),
-            "option vocab: " + bad.path + ":2:1: invalid UTF-8: byte 0xFF cannot start a character in UTF-8 (save "
-            "the file as UTF-8)");
+            "option vocab: " + bad.path +
+                ":2:1: invalid UTF-8: byte 0xFF cannot start a character in UTF-8 (save "
+                "the file as UTF-8)");
 }
 
 // A small byte-level vocabulary: the 256 byte characters (ids 0..255), then "ab", "abc".
@@ -727,7 +790,8 @@ TEST(TextBadOption, BpeVocabularyAndMergesFiles) {
   EXPECT_EQ(vocab_error("colon.json", "{\n  \"a\" 1}"), "2:7: expected ':' after a key");
   EXPECT_EQ(vocab_error("comma.json", "{\"a\": 0\n\"b\": 1}"), "2:1: expected ',' or '}' after an id");
   EXPECT_EQ(vocab_error("float.json", "{\"a\": 0.5}"), "1:7: expected an integer id");
-  EXPECT_EQ(vocab_error("negative.json", "{\"a\": -3}"), "1:7: the id of \"a\" must be an integer from 0 to 2147483647");
+  EXPECT_EQ(vocab_error("negative.json", "{\"a\": -3}"),
+            "1:7: the id of \"a\" must be an integer from 0 to 2147483647");
   EXPECT_EQ(vocab_error("open.json", "{\"a\": 0,"), "1:9: expected a token in double quotes");
   EXPECT_EQ(vocab_error("string.json", "{\"a"), "1:2: a string that never ends");
   EXPECT_EQ(vocab_error("escape.json", "{\"a\\q\": 0}"), "1:4: unknown escape \\q");
@@ -735,12 +799,14 @@ TEST(TextBadOption, BpeVocabularyAndMergesFiles) {
   EXPECT_EQ(vocab_error("trailing.json", "{\"a\": 0} x"), "1:10: unexpected text after the JSON object");
   EXPECT_EQ(vocab_error("gap.json", "{\"a\": 0, \"b\": 2}"),
             "1:10: the id 2 of \"b\" is not below the number of tokens (2); ids must be 0..1, each once");
-  EXPECT_EQ(vocab_error("shared.json", "{\"a\": 0, \"b\": 0}"), "1:10: the id 0 of \"b\" is also the id of \"a\"");
+  EXPECT_EQ(vocab_error("shared.json", "{\"a\": 0, \"b\": 0}"),
+            "1:10: the id 0 of \"b\" is also the id of \"a\"");
   EXPECT_EQ(vocab_error("dup.json", "{\"a\": 0, \"a\": 1}"), "1:10: the token \"a\" appears twice");
   const TempFile no_bytes("no_bytes.json", "{\"a\": 0}");
   EXPECT_EQ(create_error("bpe", {{"vocab", no_bytes.path}, {"merges", merges.path}}),
-            "option vocab: " + no_bytes.path + ": no token for byte 0x00 (written \"\xC4\x80\"); a byte-level BPE "
-            "vocabulary has one for each of the 256 bytes");
+            "option vocab: " + no_bytes.path +
+                ": no token for byte 0x00 (written \"\xC4\x80\"); a byte-level BPE "
+                "vocabulary has one for each of the 256 bytes");
 
   auto merges_error = [&](const std::string& name, const std::string& text) {
     const TempFile f(name, text);
@@ -751,9 +817,12 @@ TEST(TextBadOption, BpeVocabularyAndMergesFiles) {
   };
   EXPECT_EQ(merges_error("three.bpe", "#version: 0.2\na b\na b c\n"),
             ":3:1: a merge is two tokens separated by one space, not \"a b c\"");
-  EXPECT_EQ(merges_error("one.bpe", "ab\n"), ":1:1: a merge is two tokens separated by one space, not \"ab\"");
-  EXPECT_EQ(merges_error("unknown.bpe", "a b\nab zz\n"), ":2:4: \"zz\" is not a token of the vocabulary (vocab)");
-  EXPECT_EQ(merges_error("unknown_left.bpe", "zz b\n"), ":1:1: \"zz\" is not a token of the vocabulary (vocab)");
+  EXPECT_EQ(merges_error("one.bpe", "ab\n"),
+            ":1:1: a merge is two tokens separated by one space, not \"ab\"");
+  EXPECT_EQ(merges_error("unknown.bpe", "a b\nab zz\n"),
+            ":2:4: \"zz\" is not a token of the vocabulary (vocab)");
+  EXPECT_EQ(merges_error("unknown_left.bpe", "zz b\n"),
+            ":1:1: \"zz\" is not a token of the vocabulary (vocab)");
   EXPECT_EQ(merges_error("result.bpe", "a b\nb c\n"),
             ":2:1: merging \"b\" and \"c\" gives \"bc\", which is not a token of the vocabulary (vocab)");
   EXPECT_EQ(merges_error("latin1.bpe", "a b\n\xE9 b\n"),

@@ -57,7 +57,8 @@ class JsonVocab {
         const size_t value_at = i_;
         const int64_t id = integer();
         if (id < 0 || id > INT32_MAX)
-          f_.fail_at_offset(value_at, "the id of " + quoted(key) + " must be an integer from 0 to 2147483647");
+          f_.fail_at_offset(value_at,
+                            "the id of " + quoted(key) + " must be an integer from 0 to 2147483647");
         entries.push_back({std::move(key), id, at});
         space();
         if (peek() == ',') {
@@ -88,10 +89,14 @@ class JsonVocab {
     for (int k = 0; k < 4; ++k) {
       const char c = s_[i_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else f_.fail_at_offset(i_ - 1, "a \\u escape needs four hex digits");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        f_.fail_at_offset(i_ - 1, "a \\u escape needs four hex digits");
     }
     return v;
   }
@@ -107,7 +112,8 @@ class JsonVocab {
         ++i_;
         break;
       }
-      if (static_cast<unsigned char>(c) < 0x20) f_.fail_at_offset(i_, "a control character inside a string (escape it)");
+      if (static_cast<unsigned char>(c) < 0x20)
+        f_.fail_at_offset(i_, "a control character inside a string (escape it)");
       if (c != '\\') {
         out += c;
         ++i_;
@@ -117,21 +123,38 @@ class JsonVocab {
       if (++i_ >= s_.size()) f_.fail_at_offset(start, "a string that never ends");
       const char e = s_[i_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           char32_t cp = hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF) {
             if (i_ + 1 < s_.size() && s_[i_] == '\\' && s_[i_ + 1] == 'u') {
               i_ += 2;
               const unsigned low = hex4();
-              if (low < 0xDC00 || low > 0xDFFF) f_.fail_at_offset(esc, "a \\u surrogate pair with a bad second half");
+              if (low < 0xDC00 || low > 0xDFFF)
+                f_.fail_at_offset(esc, "a \\u surrogate pair with a bad second half");
               cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
             } else {
               f_.fail_at_offset(esc, "a \\u escape of a lone surrogate");
@@ -142,7 +165,8 @@ class JsonVocab {
           append_utf8(out, cp);
           break;
         }
-        default: f_.fail_at_offset(esc, std::string("unknown escape \\") + e);
+        default:
+          f_.fail_at_offset(esc, std::string("unknown escape \\") + e);
       }
     }
     std::vector<Char> chars;
@@ -306,11 +330,14 @@ class Bpe final : public Tokenizer {
       const std::string a(line.substr(0, space)), b(line.substr(space + 1));
       const auto ia = ids_.find(a), ib = ids_.find(b), iab = ids_.find(a + b);
       if (ia == ids_.end()) file.fail_at(line_no, 1, quoted(a) + " is not a token of the vocabulary (vocab)");
-      if (ib == ids_.end()) file.fail_at(line_no, space + 2, quoted(b) + " is not a token of the vocabulary (vocab)");
+      if (ib == ids_.end())
+        file.fail_at(line_no, space + 2, quoted(b) + " is not a token of the vocabulary (vocab)");
       if (iab == ids_.end())
-        file.fail_at(line_no, 1, "merging " + quoted(a) + " and " + quoted(b) + " gives " + quoted(a + b) +
-                                     ", which is not a token of the vocabulary (vocab)");
-      merges_[pair_key(ia->second, ib->second)] = {rank++, iab->second};  // a repeated pair: the last rank counts
+        file.fail_at(line_no, 1,
+                     "merging " + quoted(a) + " and " + quoted(b) + " gives " + quoted(a + b) +
+                         ", which is not a token of the vocabulary (vocab)");
+      merges_[pair_key(ia->second, ib->second)] = {rank++,
+                                                   iab->second};  // a repeated pair: the last rank counts
     });
     if (rank == 0) file.fail("no merges in the file");
   }
@@ -349,7 +376,8 @@ class Bpe final : public Tokenizer {
     };
     const int32_t n = static_cast<int32_t>(bytes.size());
     std::vector<Symbol> sym(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i) sym[i] = {byte_id_[static_cast<uint8_t>(bytes[i])], 1, i - 1, i + 1 < n ? i + 1 : -1};
+    for (int32_t i = 0; i < n; ++i)
+      sym[i] = {byte_id_[static_cast<uint8_t>(bytes[i])], 1, i - 1, i + 1 < n ? i + 1 : -1};
     std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
     auto push = [&](int32_t pos) {
       const int32_t next = sym[pos].next;

@@ -98,8 +98,9 @@ void bert_normalize(const Char* c, size_t n, const BertOptions& o, std::vector<C
       }
       size_t j = i + 1;
       while (j < nfd.size() && combining_class(nfd[j].cp) != 0) ++j;
-      std::stable_sort(nfd.begin() + static_cast<std::ptrdiff_t>(i), nfd.begin() + static_cast<std::ptrdiff_t>(j),
-                       [](const Char& a, const Char& b) { return combining_class(a.cp) < combining_class(b.cp); });
+      std::stable_sort(
+          nfd.begin() + static_cast<std::ptrdiff_t>(i), nfd.begin() + static_cast<std::ptrdiff_t>(j),
+          [](const Char& a, const Char& b) { return combining_class(a.cp) < combining_class(b.cp); });
       i = j;
     }
     stage.clear();

@@ -23,7 +23,8 @@ class Bytes final : public Tokenizer {
   bool reads_unicode() const override { return false; }
   void encode(std::string_view text, const std::vector<Char>&, std::vector<Token>& out) override {
     for (size_t i = 0; i < text.size(); ++i)
-      out.push_back({static_cast<uint8_t>(text[i]), TSR_ROLE_CONTENT, static_cast<int64_t>(i), static_cast<int64_t>(i + 1)});
+      out.push_back({static_cast<uint8_t>(text[i]), TSR_ROLE_CONTENT, static_cast<int64_t>(i),
+                     static_cast<int64_t>(i + 1)});
   }
   std::vector<Token> prefix() const override { return {{kBos, TSR_ROLE_BOS}}; }
   std::vector<Token> suffix() const override { return {{kEos, TSR_ROLE_EOS}}; }
@@ -54,7 +55,8 @@ class Chars final : public Tokenizer {
                                          " characters; each line holds exactly one");
       const auto [it, fresh] = first_line.emplace(chars[0].cp, line_no);
       if (!fresh)
-        file.fail_at(line_no, 1, "the character " + quoted(line) + " is already on line " + std::to_string(it->second));
+        file.fail_at(line_no, 1,
+                     "the character " + quoted(line) + " is already on line " + std::to_string(it->second));
       ids_.emplace(chars[0].cp, static_cast<int32_t>(chars_.size()));
       chars_.push_back(chars[0].cp);
     });
@@ -64,8 +66,10 @@ class Chars final : public Tokenizer {
   void encode(std::string_view, const std::vector<Char>& chars, std::vector<Token>& out) override {
     for (const Char& c : chars) {
       const auto it = ids_.find(c.cp);
-      if (it != ids_.end()) out.push_back({it->second, TSR_ROLE_CONTENT, c.begin, c.end});
-      else out.push_back({unk_, TSR_ROLE_UNK, c.begin, c.end});
+      if (it != ids_.end())
+        out.push_back({it->second, TSR_ROLE_CONTENT, c.begin, c.end});
+      else
+        out.push_back({unk_, TSR_ROLE_UNK, c.begin, c.end});
     }
   }
   std::vector<Token> prefix() const override { return {{unk_ + 1, TSR_ROLE_BOS}}; }
@@ -75,8 +79,10 @@ class Chars final : public Tokenizer {
     std::string out;
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= vocab_size()) bad_id(ids[i], i, vocab_size());
-      if (ids[i] < unk_) append_utf8(out, chars_[ids[i]]);
-      else if (ids[i] == unk_) append_utf8(out, 0xFFFD);  // the character is gone: REPLACEMENT CHARACTER
+      if (ids[i] < unk_)
+        append_utf8(out, chars_[ids[i]]);
+      else if (ids[i] == unk_)
+        append_utf8(out, 0xFFFD);  // the character is gone: REPLACEMENT CHARACTER
     }
     return out;
   }

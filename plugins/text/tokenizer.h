@@ -57,8 +57,9 @@ struct VocabFile {
   void for_each_line(const std::function<void(size_t, std::string_view, size_t)>& f) const;
   // Fails with "path:line:col: what" (col from 1, in bytes) and the option set.
   [[noreturn]] void fail_at(size_t line, size_t col, const std::string& what) const;
-  [[noreturn]] void fail_at_offset(size_t offset, const std::string& what) const;  // line:col from a byte offset
-  [[noreturn]] void fail(const std::string& what) const;                           // "path: what"
+  [[noreturn]] void fail_at_offset(size_t offset,
+                                   const std::string& what) const;  // line:col from a byte offset
+  [[noreturn]] void fail(const std::string& what) const;            // "path: what"
 };
 
 // Decodes one line of a vocabulary file, failing at its line:col when it is not UTF-8.

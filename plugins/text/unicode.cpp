@@ -76,12 +76,14 @@ bool decode_utf8(std::string_view text, std::vector<Char>& out, Utf8Problem* pro
       cp = (cp << 6) | (s[i + k] & 0x3F);
     }
     if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000))
-      return fail("bytes starting with " + hex_byte(b) + " " + hex_byte(s[i + 1]) + " are an overlong encoding");
+      return fail("bytes starting with " + hex_byte(b) + " " + hex_byte(s[i + 1]) +
+                  " are an overlong encoding");
     if (cp >= 0xD800 && cp <= 0xDFFF)
       return fail("bytes " + hex_byte(b) + " " + hex_byte(s[i + 1]) + " " + hex_byte(s[i + 2]) +
                   " encode a UTF-16 surrogate, which UTF-8 must not contain");
     if (cp > 0x10FFFF)
-      return fail("bytes starting with " + hex_byte(b) + " " + hex_byte(s[i + 1]) + " encode a value above U+10FFFF");
+      return fail("bytes starting with " + hex_byte(b) + " " + hex_byte(s[i + 1]) +
+                  " encode a value above U+10FFFF");
     out.push_back({cp, static_cast<uint32_t>(i), static_cast<uint32_t>(i + len)});
     i += len;
   }
@@ -115,8 +117,9 @@ uint8_t properties(char32_t cp) {
 }
 
 bool is_cjk_ideograph(char32_t cp) {
-  return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x20000 && cp <= 0x2A6DF) ||
-         (cp >= 0x2A700 && cp <= 0x2B73F) || (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B920 && cp <= 0x2CEAF) ||
+  return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) ||
+         (cp >= 0x20000 && cp <= 0x2A6DF) || (cp >= 0x2A700 && cp <= 0x2B73F) ||
+         (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B920 && cp <= 0x2CEAF) ||
          (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
 }
 

@@ -10,18 +10,19 @@
 
 namespace tessera::text {
 
-
 VocabFile VocabFile::read(const std::string& option, const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    tessera::plugin::fail(TSR_INVALID_ARGUMENT, "cannot read " + path + ": it is a folder; name the file in it", option);
+    tessera::plugin::fail(TSR_INVALID_ARGUMENT,
+                          "cannot read " + path + ": it is a folder; name the file in it", option);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) {
     const int err = errno;
     tessera::plugin::fail(err == ENOENT ? TSR_NOT_FOUND : TSR_IO_ERROR,
-         "cannot read " + path + ": " + std::strerror(err) + " (relative paths are taken from the experiment file's "
-         "folder)",
-         option);
+                          "cannot read " + path + ": " + std::strerror(err) +
+                              " (relative paths are taken from the experiment file's "
+                              "folder)",
+                          option);
   }
   VocabFile v{option, path, {}};
   char buf[1 << 16];
@@ -48,8 +49,8 @@ void VocabFile::for_each_line(const std::function<void(size_t, std::string_view,
 }
 
 void VocabFile::fail_at(size_t line, size_t col, const std::string& what) const {
-  tessera::plugin::fail(TSR_INVALID_ARGUMENT, path + ":" + std::to_string(line) + ":" + std::to_string(col) + ": " + what,
-                        option);
+  tessera::plugin::fail(TSR_INVALID_ARGUMENT,
+                        path + ":" + std::to_string(line) + ":" + std::to_string(col) + ": " + what, option);
 }
 
 void VocabFile::fail_at_offset(size_t offset, const std::string& what) const {
@@ -67,7 +68,8 @@ std::vector<Char> decode_line(const VocabFile& file, size_t line_no, std::string
   std::vector<Char> chars;
   Utf8Problem problem;
   if (!decode_utf8(line, chars, &problem))
-    file.fail_at(line_no, problem.offset + 1, "invalid UTF-8: " + problem.reason + " (save the file as UTF-8)");
+    file.fail_at(line_no, problem.offset + 1,
+                 "invalid UTF-8: " + problem.reason + " (save the file as UTF-8)");
   return chars;
 }
 

@@ -1,7 +1,7 @@
 // BERT's WordPiece from vocab.txt: the basic tokenizer (pretokenize.cpp), then greedy
-// longest-match-first pieces (a byte trie walk) with "##" continuations, [UNK] for words it cannot spell or longer
-// than 100 characters, and decoding with Hugging Face's clean-up rules. Options and length policy
-// are the plugin's.
+// longest-match-first pieces (a byte-trie walk) with "##" continuations, [UNK] for words it cannot
+// spell or longer than 100 characters, and decoding with Hugging Face's clean-up rules. Options
+// and length policy are the plugin's.
 #include <algorithm>
 #include <map>
 #include <unordered_map>
@@ -99,7 +99,8 @@ class WordPiece final : public Tokenizer {
       if (line.empty()) file.fail_at(line_no, 1, "an empty token; each line of vocab.txt holds one token");
       const auto [it, fresh] = ids_.emplace(std::string(line), static_cast<int32_t>(tokens_.size()));
       if (!fresh)
-        file.fail_at(line_no, 1, "the token " + quoted(line) + " is already on line " + std::to_string(it->second + 1));
+        file.fail_at(line_no, 1,
+                     "the token " + quoted(line) + " is already on line " + std::to_string(it->second + 1));
       tokens_.emplace_back(line);
     });
     for (size_t id = 0; id < tokens_.size(); ++id) {
@@ -109,8 +110,10 @@ class WordPiece final : public Tokenizer {
     }
     words_trie_.freeze();
     pieces_trie_.freeze();
-    const std::pair<const char*, tsr_role> specials[] = {{"[PAD]", TSR_ROLE_PAD},   {"[UNK]", TSR_ROLE_UNK},
-                                                         {"[CLS]", TSR_ROLE_CLS},   {"[SEP]", TSR_ROLE_SEP},
+    const std::pair<const char*, tsr_role> specials[] = {{"[PAD]", TSR_ROLE_PAD},
+                                                         {"[UNK]", TSR_ROLE_UNK},
+                                                         {"[CLS]", TSR_ROLE_CLS},
+                                                         {"[SEP]", TSR_ROLE_SEP},
                                                          {"[MASK]", TSR_ROLE_MASK}};
     for (const auto& [name, role] : specials) {
       const auto it = ids_.find(name);
@@ -133,8 +136,8 @@ class WordPiece final : public Tokenizer {
     for (const Segment& seg : split_specials(text, special_names_)) {
       while (k < chars.size() && chars[k].begin < seg.begin) ++k;
       if (seg.special >= 0) {
-        out.push_back({special_ids_[seg.special], special_roles_[seg.special], static_cast<int64_t>(seg.begin),
-                       static_cast<int64_t>(seg.end)});
+        out.push_back({special_ids_[seg.special], special_roles_[seg.special],
+                       static_cast<int64_t>(seg.begin), static_cast<int64_t>(seg.end)});
         continue;
       }
       size_t k_end = k;
@@ -161,12 +164,16 @@ class WordPiece final : public Tokenizer {
       if (ids[i] < 0 || ids[i] >= vocab_size())
         fail(TSR_OUT_OF_RANGE, "decode: id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
                                    " is outside this vocabulary [0, " + std::to_string(vocab_size()) + ")");
-      if (skip_special && std::find(special_ids_.begin(), special_ids_.end(), ids[i]) != special_ids_.end()) continue;
+      if (skip_special && std::find(special_ids_.begin(), special_ids_.end(), ids[i]) != special_ids_.end())
+        continue;
       const std::string& t = tokens_[ids[i]];
       std::string piece;
-      if (first) piece = t;
-      else if (t.rfind("##", 0) == 0) piece = t.substr(2);
-      else piece = " " + t;
+      if (first)
+        piece = t;
+      else if (t.rfind("##", 0) == 0)
+        piece = t.substr(2);
+      else
+        piece = " " + t;
       first = false;
       for (const auto& [from, to] : kTokenCleanup) replace_all(piece, from, to);
       out += piece;
@@ -179,10 +186,10 @@ class WordPiece final : public Tokenizer {
 
  private:
   static constexpr std::pair<std::string_view, std::string_view> kTokenCleanup[] = {
-      {" .", "."},   {" ?", "?"},     {" !", "!"},          {" ,", ","},    {" ' ", "'"},   {" n't", "n't"},
+      {" .", "."},   {" ?", "?"},           {" !", "!"},   {" ,", ","},     {" ' ", "'"},   {" n't", "n't"},
       {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   static constexpr std::pair<std::string_view, std::string_view> kTextCleanup[] = {
-      {" .", "."},   {" ?", "?"},   {" !", "!"},   {" ,", ","},   {" ' ", "'"},
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
       {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
 
   int32_t id_of(const std::string& token) const {
@@ -196,7 +203,8 @@ class WordPiece final : public Tokenizer {
     const Char* c = normalized_.data() + w.begin;
     auto span = [&](size_t a, size_t b) {  // the source bytes of characters [a, b) of the word
       int64_t lo = c[a].begin, hi = c[a].end;
-      for (size_t i = a + 1; i < b; ++i) lo = std::min<int64_t>(lo, c[i].begin), hi = std::max<int64_t>(hi, c[i].end);
+      for (size_t i = a + 1; i < b; ++i)
+        lo = std::min<int64_t>(lo, c[i].begin), hi = std::max<int64_t>(hi, c[i].end);
       return std::pair<int64_t, int64_t>(lo, hi);
     };
     const size_t first_out = out.size();
@@ -217,8 +225,8 @@ class WordPiece final : public Tokenizer {
       const Trie& trie = start > 0 ? pieces_trie_ : words_trie_;  // "##" pieces after the first
       const auto [found, bytes] = trie.longest_prefix(std::string_view(utf8_).substr(offsets_[start]));
       if (found < 0) return unknown();
-      const size_t end =
-          static_cast<size_t>(std::lower_bound(offsets_.begin(), offsets_.end(), offsets_[start] + bytes) - offsets_.begin());
+      const size_t end = static_cast<size_t>(
+          std::lower_bound(offsets_.begin(), offsets_.end(), offsets_[start] + bytes) - offsets_.begin());
       const auto [lo, hi] = span(start, end);
       out.push_back({found, TSR_ROLE_CONTENT, lo, hi});
       start = end;
@@ -242,7 +250,8 @@ class WordPiece final : public Tokenizer {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_wordpiece_tokenizer(const std::string& vocab_txt, const BertOptions& options) {
+std::unique_ptr<Tokenizer> make_wordpiece_tokenizer(const std::string& vocab_txt,
+                                                    const BertOptions& options) {
   return std::make_unique<WordPiece>(vocab_txt, options);
 }
 
