@@ -801,6 +801,16 @@ TEST(TextBadOption, BpeVocabularyAndMergesFiles) {
             "1:10: the id 2 of \"b\" is not below the number of tokens (2); ids must be 0..1, each once");
   EXPECT_EQ(vocab_error("shared.json", "{\"a\": 0, \"b\": 0}"),
             "1:10: the id 0 of \"b\" is also the id of \"a\"");
+  EXPECT_EQ(vocab_error("hex.json", "{\"a\\u12\": 0}"), "1:8: a \\u escape needs four hex digits");
+  EXPECT_EQ(vocab_error("pair.json", "{\"\\ud800\\u0041\": 0}"),
+            "1:3: a \\u surrogate pair with a bad second half");
+  EXPECT_EQ(vocab_error("control.json", "{\"a\tb\": 0}"),
+            "1:4: a control character inside a string (escape it)");
+  EXPECT_EQ(vocab_error("cut.json", "{\"a\": 0"), "1:8: the file ends inside the JSON object");
+  EXPECT_EQ(vocab_error("huge.json", "{\"a\": 99999999999999999999}"), "1:7: the id is too large");
+  EXPECT_EQ(vocab_error("latin1.json", "{\"\xFF\": 0}"),
+            "1:2: the token is not valid UTF-8: byte 0xFF cannot start a character in UTF-8");
+  EXPECT_EQ(vocab_error("none.json", "{}"), " the JSON object has no tokens");
   EXPECT_EQ(vocab_error("dup.json", "{\"a\": 0, \"a\": 1}"), "1:10: the token \"a\" appears twice");
   const TempFile no_bytes("no_bytes.json", "{\"a\": 0}");
   EXPECT_EQ(create_error("bpe", {{"vocab", no_bytes.path}, {"merges", merges.path}}),
