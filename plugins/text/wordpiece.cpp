@@ -3,7 +3,7 @@
 // spell or longer than 100 characters, and decoding with Hugging Face's clean-up rules. Options
 // and length policy are the plugin's.
 #include <algorithm>
-#include <map>
+#include <memory>
 #include <unordered_map>
 
 #include "pretokenize.h"
@@ -35,33 +35,30 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
 // so a token that is a prefix of a word ends at a character boundary).
 class Trie {
  public:
-  void insert(std::string_view key, int32_t id) {
-    int32_t node = 0;
-    for (char ch : key) {
-      const auto b = static_cast<uint8_t>(ch);
-      auto& kids = build_[node];
-      const auto it = kids.find(b);
-      if (it != kids.end()) {
-        node = it->second;
-      } else {
-        const auto next = static_cast<int32_t>(build_.size());
-        kids.emplace(b, next);
-        build_.emplace_back();
-        ids_.push_back(-1);
-        node = next;
+  // Builds the trie breadth first from the sorted keys, so that each node's edges are contiguous
+  // and sorted by byte.
+  explicit Trie(std::vector<std::pair<std::string_view, int32_t>> keys) {
+    std::sort(keys.begin(), keys.end());
+    struct Pending {
+      size_t lo, hi, depth;  // the keys [lo, hi) share their first `depth` bytes
+    };
+    std::vector<Pending> queue{{0, keys.size(), 0}};
+    for (size_t n = 0; n < queue.size(); ++n) {
+      auto [lo, hi, depth] = queue[n];
+      int32_t id = -1;
+      if (lo < hi && keys[lo].first.size() == depth) id = keys[lo++].second;
+      ids_.push_back(id);
+      first_.push_back(static_cast<int32_t>(edges_.size()));
+      while (lo < hi) {
+        const auto b = static_cast<uint8_t>(keys[lo].first[depth]);
+        size_t j = lo;
+        while (j < hi && static_cast<uint8_t>(keys[j].first[depth]) == b) ++j;
+        edges_.push_back({b, static_cast<int32_t>(queue.size())});
+        queue.push_back({lo, j, depth + 1});
+        lo = j;
       }
     }
-    ids_[node] = id;
-  }
-  // Turns the build-time maps into flat sorted edge arrays.
-  void freeze() {
-    first_.assign(build_.size() + 1, 0);
-    for (size_t n = 0; n < build_.size(); ++n) {
-      first_[n] = static_cast<int32_t>(edges_.size());
-      for (const auto& [b, child] : build_[n]) edges_.push_back({b, child});
-    }
-    first_[build_.size()] = static_cast<int32_t>(edges_.size());
-    build_.clear();
+    first_.push_back(static_cast<int32_t>(edges_.size()));
   }
   // The longest token that starts text: its id and length in bytes, or {-1, 0}.
   std::pair<int32_t, size_t> longest_prefix(std::string_view text) const {
@@ -84,9 +81,8 @@ class Trie {
     uint8_t byte;
     int32_t child;
   };
-  std::vector<std::map<uint8_t, int32_t>> build_ = std::vector<std::map<uint8_t, int32_t>>(1);
-  std::vector<int32_t> ids_ = std::vector<int32_t>(1, -1);  // node -> token id, or -1
-  std::vector<int32_t> first_;                              // node -> its first edge
+  std::vector<int32_t> ids_;    // node -> token id, or -1
+  std::vector<int32_t> first_;  // node -> its first edge; one more entry ends the last node's
   std::vector<Edge> edges_;
 };
 
@@ -103,13 +99,14 @@ class WordPiece final : public Tokenizer {
                      "the token " + quoted(line) + " is already on line " + std::to_string(it->second + 1));
       tokens_.emplace_back(line);
     });
+    std::vector<std::pair<std::string_view, int32_t>> words, pieces;
     for (size_t id = 0; id < tokens_.size(); ++id) {
       const std::string_view t = tokens_[id];
-      words_trie_.insert(t, static_cast<int32_t>(id));
-      if (t.size() > 2 && t.substr(0, 2) == "##") pieces_trie_.insert(t.substr(2), static_cast<int32_t>(id));
+      words.emplace_back(t, static_cast<int32_t>(id));
+      if (t.size() > 2 && t.substr(0, 2) == "##") pieces.emplace_back(t.substr(2), static_cast<int32_t>(id));
     }
-    words_trie_.freeze();
-    pieces_trie_.freeze();
+    words_trie_ = std::make_unique<Trie>(std::move(words));
+    pieces_trie_ = std::make_unique<Trie>(std::move(pieces));
     const std::pair<const char*, tsr_role> specials[] = {{"[PAD]", TSR_ROLE_PAD},
                                                          {"[UNK]", TSR_ROLE_UNK},
                                                          {"[CLS]", TSR_ROLE_CLS},
@@ -222,7 +219,7 @@ class WordPiece final : public Tokenizer {
     }
     offsets_.push_back(utf8_.size());
     for (size_t start = 0; start < m;) {
-      const Trie& trie = start > 0 ? pieces_trie_ : words_trie_;  // "##" pieces after the first
+      const Trie& trie = start > 0 ? *pieces_trie_ : *words_trie_;  // "##" pieces after the first
       const auto [found, bytes] = trie.longest_prefix(std::string_view(utf8_).substr(offsets_[start]));
       if (found < 0) return unknown();
       const size_t end = static_cast<size_t>(
@@ -236,7 +233,7 @@ class WordPiece final : public Tokenizer {
   BertOptions options_;
   std::unordered_map<std::string, int32_t> ids_;
   std::vector<std::string> tokens_;
-  Trie words_trie_, pieces_trie_;  // all tokens; "##" tokens without their "##"
+  std::unique_ptr<Trie> words_trie_, pieces_trie_;  // all tokens; "##" tokens without their "##"
   std::vector<std::string> special_names_;
   std::vector<int32_t> special_ids_;
   std::vector<tsr_role> special_roles_;
