@@ -2,6 +2,7 @@
 // byte <-> character map, merges applied lowest rank first (as Hugging Face tokenizers does) with a
 // cache of pieces already seen, and exact bytes back on decode. Pre-tokenisation is in
 // pretokenize.cpp; options and length policy are the plugin's.
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <queue>
@@ -320,6 +321,7 @@ class Bpe final : public Tokenizer {
 
   void load_merges(const VocabFile& file) {
     uint32_t rank = 0;
+    merges_.reserve(static_cast<size_t>(std::count(file.data.begin(), file.data.end(), '\n')) + 1);
     file.for_each_line([&](size_t line_no, std::string_view line, size_t) {
       if (line_no == 1 && line.substr(0, 8) == "#version") return;
       decode_line(file, line_no, line);
