@@ -591,6 +591,14 @@ TEST(ImagePluginBadInput, MorePixelsThanMaxPixels) {
             std::string::npos);
 }
 
+TEST(ImagePluginBadInput, TooElongatedForACentreCrop) {
+  // 2 × 200000 pixels: a shortest edge of 224 would make the long side 22.4 million pixels.
+  const std::string pgm = "P5\n2 200000\n255\n" + std::string(400000, '\x80');
+  EXPECT_EQ(bad_input(make_encoder({{"center_crop", "true"}}), "strip.pgm", pgm),
+            "strip.pgm: a 2×200000 image is too elongated for center_crop: its long side would be resized to "
+            "22400000 pixels (crop it first, or resize without center_crop)");
+}
+
 // Every strict prefix of a file is refused, never decoded in part (TIFF: every cut inside its
 // strips); and no flipped byte crashes the plugin — it either decodes or is refused.
 TEST(ImagePluginBadInput, EveryTruncationIsRefusedAndNoCorruptionCrashes) {

@@ -246,6 +246,11 @@ class ImagePlugin {
       g.resized_height = s;
       g.resized_width = static_cast<int64_t>(static_cast<double>(s * w) / static_cast<double>(h));
     }
+    if (std::max(g.resized_width, g.resized_height) > (int64_t{1} << 24))
+      throw BadImage("a " + std::to_string(w) + "×" + std::to_string(h) +
+                     " image is too elongated for center_crop: " + "its long side would be resized to " +
+                     std::to_string(std::max(g.resized_width, g.resized_height)) +
+                     " pixels (crop it first, or resize without center_crop)");
     g.left = (g.resized_width - width_) / 2;  // Hugging Face's center_crop rounds the same way
     g.top = (g.resized_height - height_) / 2;
     return g;

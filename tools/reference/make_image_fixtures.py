@@ -27,10 +27,10 @@ SKIMAGE = pathlib.Path("/usr/lib/python3/dist-packages/skimage/data")
 OPENCV = pathlib.Path("/usr/share/doc/opencv-doc/examples/data")
 OUT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "image"
 
-# Small model inputs keep the references small: (48, 80) is 5 × 3 patches of 16, not square, so a
+# Small model inputs keep the references small: (32, 48) is 2 × 3 patches of 16, not square, so a
 # height/width mix-up shows. Two images are also checked at ViT's default 224 × 224.
-SMALL = {"height": 48, "width": 80}
-SMALL_OPTIONS = {"image_size": "48,80"}
+SMALL = {"height": 32, "width": 48}
+SMALL_OPTIONS = {"image_size": "32,48"}
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
@@ -94,10 +94,10 @@ def make_files():
     Image.fromarray(rgba, "RGBA").save(OUT / "rocket_rgba.png")
     keep("rocket_rgba.png", "skimage rocket.jpg → 120×80 RGB plus a radial alpha channel (RGBA PNG, mostly transparent)")
 
-    moto = np.array(shrink(Image.open(SKIMAGE / "motorcycle_left.png"), 120))
-    low = np.random.RandomState(16).randint(0, 256, moto.shape).astype(np.uint16)
-    png16(OUT / "motorcycle_rgb16.png", moto.astype(np.uint16) * 256 + low)
-    keep("motorcycle_rgb16.png", "skimage motorcycle_left.png → 120×81, 16-bit RGB PNG: high byte = the photo, "
+    hubble = np.array(shrink(Image.open(SKIMAGE / "hubble_deep_field.jpg"), 120))
+    low = np.random.RandomState(16).randint(0, 256, hubble.shape).astype(np.uint16)
+    png16(OUT / "hubble_rgb16.png", hubble.astype(np.uint16) * 256 + low)
+    keep("hubble_rgb16.png", "skimage hubble_deep_field.jpg → 120×105, 16-bit RGB PNG: high byte = the photo, "
          "low byte = noise (seed 16)")
 
     cam = np.array(shrink(Image.open(SKIMAGE / "camera.png"), 96))
@@ -144,6 +144,11 @@ def make_files():
         name = f"orientation_{k}.jpg"
         base.save(OUT / name, quality=95, exif=exif_with_orientation(k))
         keep(name, f"skimage coffee.png → 24×16 JPEG with EXIF orientation {k}")
+    # OpenCV 4.6 ignores EXIF in WebP and PNG; PIL's exif_transpose does not, nor does the plugin.
+    base.save(OUT / "orientation_6.png", exif=exif_with_orientation(6))
+    keep("orientation_6.png", "skimage coffee.png → 24×16 PNG with an eXIf chunk, orientation 6")
+    base.save(OUT / "orientation_8.webp", lossless=True, exif=exif_with_orientation(8))
+    keep("orientation_8.webp", "skimage coffee.png → 24×16 lossless WebP with an EXIF chunk, orientation 8")
     return made
 
 
@@ -177,11 +182,11 @@ def references(made):
     small = ViTImageProcessor(size=SMALL)
     for file in made:
         if not file.startswith("orientation_"):
-            case(file.split(".")[0] + "_vit48x80", file, small, SMALL_OPTIONS, "ViTImageProcessor(size=48×80)")
+            case(file.replace(".", "_") + "_vit32x48", file, small, SMALL_OPTIONS, "ViTImageProcessor(size=32×48)")
     bicubic = ViTImageProcessor(size=SMALL, resample=PILImageResampling.BICUBIC)
     for file in ["astronaut.png", "chelsea_tiny.png"]:
-        case(file.split(".")[0] + "_vit48x80_bicubic", file, bicubic, dict(SMALL_OPTIONS, resize="pil_bicubic"),
-             "ViTImageProcessor(size=48×80, resample=BICUBIC)")
+        case(file.replace(".", "_") + "_vit32x48_bicubic", file, bicubic, dict(SMALL_OPTIONS, resize="pil_bicubic"),
+             "ViTImageProcessor(size=32×48, resample=BICUBIC)")
     clip_options = {"resize": "pil_bicubic", "center_crop": "true", "image_size": "64",
                     "mean": ",".join(map(str, CLIP_MEAN)), "std": ",".join(map(str, CLIP_STD))}
     clip72 = CLIPImageProcessor(size={"shortest_edge": 72}, crop_size={"height": 64, "width": 64})
