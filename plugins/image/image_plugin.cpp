@@ -262,8 +262,8 @@ class ImagePlugin {
     const tessera::image::Window window{static_cast<int>(g.left), static_cast<int>(g.top),
                                         static_cast<int>(width_), static_cast<int>(height_)};
     if (resize_ == Resize::pil_bilinear || resize_ == Resize::pil_bicubic) {
-      tessera::image::pil_resize(rgb.data, rgb.cols, rgb.rows, 3, rgb.step[0],
-                                 static_cast<int>(g.resized_width), static_cast<int>(g.resized_height),
+      tessera::image::pil_resize(rgb.data, rgb.cols, rgb.rows, rgb.step[0], static_cast<int>(g.resized_width),
+                                 static_cast<int>(g.resized_height),
                                  resize_ == Resize::pil_bilinear ? tessera::image::PilFilter::bilinear
                                                                  : tessera::image::PilFilter::bicubic,
                                  window, out.data());

@@ -85,11 +85,26 @@ uint8_t clip8(int32_t sum) {
   return static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
+// One row of the horizontal pass, N interleaved channels at once (N known when compiling, so the
+// sums stay in registers).
+template <int N>
+void horizontal_row(const uint8_t* in, const Taps& tx, int width, uint8_t* out) {
+  for (int x = 0; x < width; ++x) {
+    const int32_t* k = &tx.weight[static_cast<size_t>(x) * tx.ksize];
+    const uint8_t* p = in + static_cast<size_t>(tx.first[x]) * N;
+    int32_t sum[N];
+    for (int c = 0; c < N; ++c) sum[c] = 1 << (kPrecisionBits - 1);
+    for (int i = 0; i < tx.count[x]; ++i)
+      for (int c = 0; c < N; ++c) sum[c] += p[i * N + c] * k[i];
+    for (int c = 0; c < N; ++c) out[x * N + c] = clip8(sum[c]);
+  }
+}
+
 }  // namespace
 
-void pil_resize(const uint8_t* src, int width, int height, int channels, size_t src_stride, int out_width,
-                int out_height, PilFilter filter, Window window, uint8_t* dst) {
-  const int C = channels;
+void pil_resize(const uint8_t* src, int width, int height, size_t src_stride, int out_width, int out_height,
+                PilFilter filter, Window window, uint8_t* dst) {
+  constexpr int C = 3;  // RGB
   // Pillow skips a pass whose size does not change (the pass would be the identity anyway).
   const bool horizontal = out_width != width;
   const bool vertical = out_height != height;
@@ -109,22 +124,16 @@ void pil_resize(const uint8_t* src, int width, int height, int channels, size_t 
     for (int y = 0; y < rows; ++y) {
       const uint8_t* in = src + static_cast<size_t>(row_first + y) * src_stride;
       uint8_t* out = &mid[static_cast<size_t>(y) * mid_stride];
-      for (int x = 0; x < window.width; ++x) {
-        const int32_t* k = &tx.weight[static_cast<size_t>(x) * tx.ksize];
-        const uint8_t* p = in + static_cast<size_t>(tx.first[x]) * C;
-        for (int c = 0; c < C; ++c) {
-          int32_t sum = 1 << (kPrecisionBits - 1);
-          for (int i = 0; i < tx.count[x]; ++i) sum += p[i * C + c] * k[i];
-          out[x * C + c] = clip8(sum);
-        }
-      }
+      horizontal_row<C>(in, tx, window.width, out);
     }
   } else {
     for (int y = 0; y < rows; ++y)
       std::copy_n(src + static_cast<size_t>(row_first + y) * src_stride + static_cast<size_t>(window.x0) * C,
                   mid_stride, &mid[static_cast<size_t>(y) * mid_stride]);
   }
-  // Pass 2, vertical: each output row from its input rows of the intermediate image.
+  // Pass 2, vertical: each output row from its input rows of the intermediate image, summed a
+  // whole row at a time (integer sums, so the order does not change the result).
+  std::vector<int32_t> sum(mid_stride);
   for (int y = 0; y < window.height; ++y) {
     uint8_t* out = dst + static_cast<size_t>(y) * mid_stride;
     if (!vertical) {
@@ -133,11 +142,13 @@ void pil_resize(const uint8_t* src, int width, int height, int channels, size_t 
     }
     const int32_t* k = &ty.weight[static_cast<size_t>(y) * ty.ksize];
     const uint8_t* base = &mid[static_cast<size_t>(ty.first[y] - row_first) * mid_stride];
-    for (size_t x = 0; x < mid_stride; ++x) {
-      int32_t sum = 1 << (kPrecisionBits - 1);
-      for (int i = 0; i < ty.count[y]; ++i) sum += base[i * mid_stride + x] * k[i];
-      out[x] = clip8(sum);
+    std::fill(sum.begin(), sum.end(), 1 << (kPrecisionBits - 1));
+    for (int i = 0; i < ty.count[y]; ++i) {
+      const uint8_t* in = base + static_cast<size_t>(i) * mid_stride;
+      const int32_t w = k[i];
+      for (size_t x = 0; x < mid_stride; ++x) sum[x] += in[x] * w;
     }
+    for (size_t x = 0; x < mid_stride; ++x) out[x] = clip8(sum[x]);
   }
 }
 

@@ -15,11 +15,11 @@ struct Window {
   int x0 = 0, y0 = 0, width = 0, height = 0;
 };
 
-// Resizes `src` (height rows of width × channels interleaved bytes, rows `src_stride` bytes
-// apart) to out_width × out_height as PIL would, and writes only `window` of the result into
-// `dst` (window.height rows of window.width × channels bytes, packed). Computing a window gives
+// Resizes `src` (height rows of width RGB pixels, 3 interleaved bytes each, rows `src_stride`
+// bytes apart) to out_width × out_height as PIL would, and writes only `window` of the result into
+// `dst` (window.height rows of window.width RGB pixels, packed). Computing a window gives
 // the same bytes as resizing the whole image and cropping it (PIL resize, then a centre crop).
-void pil_resize(const uint8_t* src, int width, int height, int channels, size_t src_stride, int out_width,
-                int out_height, PilFilter filter, Window window, uint8_t* dst);
+void pil_resize(const uint8_t* src, int width, int height, size_t src_stride, int out_width, int out_height,
+                PilFilter filter, Window window, uint8_t* dst);
 
 }  // namespace tessera::image
