@@ -678,6 +678,12 @@ TEST(ImagePluginOptions, BadValuesNameTheOption) {
   EXPECT_EQ(create_error({{"picture_size", "-1"}}),
             p + "picture_size: -1 is outside 0..8192 (0: no picture)");
   EXPECT_EQ(create_error({{"max_pixels", "0"}}), p + "max_pixels: 0 must be at least 1");
+  EXPECT_EQ(create_error({{"cls", "yes"}}), p + "cls: \"yes\" is not true or false");
+  EXPECT_EQ(create_error({{"center_crop", "1"}}), p + "center_crop: \"1\" is not true or false");
+  EXPECT_EQ(
+      create_error({{"rescale_factor", "1e300"}}),
+      p + "rescale_factor: with mean 0.5,0.5,0.5 and std 0.5,0.5,0.5, the value 1 would become inf (out of "
+          "float range)");
 }
 
 TEST(ImagePluginOptions, OneValueMeanAndStdApplyToEveryChannel) {

@@ -55,6 +55,13 @@ std::array<float, 3> three_floats(const tessera::plugin::Options& o, const std::
   return out;
 }
 
+// A bool option's value; anything but "true" or "false" is an error, not false.
+bool flag(const tessera::plugin::Options& o, const std::string& name) {
+  const std::string& t = o.text(name);
+  if (t != "true" && t != "false") fail(TSR_INVALID_ARGUMENT, "\"" + t + "\" is not true or false", name);
+  return t == "true";
+}
+
 class ImagePlugin {
  public:
   explicit ImagePlugin(const tessera::plugin::Options& o) {
@@ -93,7 +100,7 @@ class ImagePlugin {
       resize_ = Resize::opencv_area;
     else
       fail(TSR_INVALID_ARGUMENT, "\"" + resize + "\" is not one of " + choices, "resize");
-    center_crop_ = o.get_bool("center_crop");
+    center_crop_ = flag(o, "center_crop");
     shortest_edge_ = o.get_int("resize_shortest_edge");
     if (shortest_edge_ != 0 && !center_crop_)
       fail(TSR_INVALID_ARGUMENT,
@@ -118,13 +125,19 @@ class ImagePlugin {
     max_pixels_ = o.get_int("max_pixels");
     if (max_pixels_ < 1)
       fail(TSR_INVALID_ARGUMENT, std::to_string(max_pixels_) + " must be at least 1", "max_pixels");
-    cls_ = o.get_bool("cls");
+    cls_ = flag(o, "cls");
     // Every 8-bit value maps to one feature value per channel, computed as Hugging Face does:
     // float32(value · rescale_factor in double), then (x − mean) / std in float32.
     for (int c = 0; c < 3; ++c)
       for (int v = 0; v < 256; ++v) {
         const float x = static_cast<float>(static_cast<double>(v) * rescale_);
         value_[c][v] = (x - mean[c]) / std[c];
+        if (!std::isfinite(value_[c][v]))
+          fail(TSR_INVALID_ARGUMENT,
+               "with mean " + o.text("mean") + " and std " + o.text("std") + ", the value " +
+                   std::to_string(v) + " would become " + std::to_string(value_[c][v]) +
+                   " (out of float range)",
+               "rescale_factor");
       }
   }
 
