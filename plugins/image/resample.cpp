@@ -116,39 +116,39 @@ void pil_resize(const uint8_t* src, int width, int height, size_t src_stride, in
     row_end = std::max(row_end, vertical ? ty.first[i] + ty.count[i] : window.y0 + i + 1);
   }
   // Pass 1, horizontal: those rows at the window's width, rounded to 8 bits as PIL stores them.
+  // Without it, pass 2 reads the window's columns of `src` directly.
   const int rows = row_end - row_first;
-  const size_t mid_stride = static_cast<size_t>(window.width) * C;
-  std::vector<uint8_t> mid(static_cast<size_t>(rows) * mid_stride);
+  const size_t mid_stride = horizontal ? static_cast<size_t>(window.width) * C : src_stride;
+  std::vector<uint8_t> mid;
+  const uint8_t* mid_rows =
+      src + static_cast<size_t>(row_first) * src_stride + static_cast<size_t>(window.x0) * C;
   if (horizontal) {
+    mid.resize(static_cast<size_t>(rows) * mid_stride);
     const Taps tx = make_taps(width, out_width, filter, window.x0, window.x0 + window.width);
-    for (int y = 0; y < rows; ++y) {
-      const uint8_t* in = src + static_cast<size_t>(row_first + y) * src_stride;
-      uint8_t* out = &mid[static_cast<size_t>(y) * mid_stride];
-      horizontal_row<C>(in, tx, window.width, out);
-    }
-  } else {
     for (int y = 0; y < rows; ++y)
-      std::copy_n(src + static_cast<size_t>(row_first + y) * src_stride + static_cast<size_t>(window.x0) * C,
-                  mid_stride, &mid[static_cast<size_t>(y) * mid_stride]);
+      horizontal_row<C>(src + static_cast<size_t>(row_first + y) * src_stride, tx, window.width,
+                        &mid[static_cast<size_t>(y) * mid_stride]);
+    mid_rows = mid.data();
   }
   // Pass 2, vertical: each output row from its input rows of the intermediate image, summed a
   // whole row at a time (integer sums, so the order does not change the result).
-  std::vector<int32_t> sum(mid_stride);
+  const size_t out_stride = static_cast<size_t>(window.width) * C;
+  std::vector<int32_t> sum(vertical ? out_stride : 0);
   for (int y = 0; y < window.height; ++y) {
-    uint8_t* out = dst + static_cast<size_t>(y) * mid_stride;
+    uint8_t* out = dst + static_cast<size_t>(y) * out_stride;
     if (!vertical) {
-      std::copy_n(&mid[static_cast<size_t>(window.y0 + y - row_first) * mid_stride], mid_stride, out);
+      std::copy_n(mid_rows + static_cast<size_t>(window.y0 + y - row_first) * mid_stride, out_stride, out);
       continue;
     }
     const int32_t* k = &ty.weight[static_cast<size_t>(y) * ty.ksize];
-    const uint8_t* base = &mid[static_cast<size_t>(ty.first[y] - row_first) * mid_stride];
+    const uint8_t* base = mid_rows + static_cast<size_t>(ty.first[y] - row_first) * mid_stride;
     std::fill(sum.begin(), sum.end(), 1 << (kPrecisionBits - 1));
     for (int i = 0; i < ty.count[y]; ++i) {
       const uint8_t* in = base + static_cast<size_t>(i) * mid_stride;
       const int32_t w = k[i];
-      for (size_t x = 0; x < mid_stride; ++x) sum[x] += in[x] * w;
+      for (size_t x = 0; x < out_stride; ++x) sum[x] += in[x] * w;
     }
-    for (size_t x = 0; x < mid_stride; ++x) out[x] = clip8(sum[x]);
+    for (size_t x = 0; x < out_stride; ++x) out[x] = clip8(sum[x]);
   }
 }
 

@@ -187,6 +187,10 @@ def references(made):
     for file in ["astronaut.png", "chelsea_tiny.png"]:
         case(file.replace(".", "_") + "_vit32x48_bicubic", file, bicubic, dict(SMALL_OPTIONS, resize="pil_bicubic"),
              "ViTImageProcessor(size=32×48, resample=BICUBIC)")
+    # One side kept: Pillow skips that pass (patch_size 2 lets the sides be 30 and 20 wide).
+    for h, w in [(32, 30), (20, 32)]:
+        case(f"chelsea_tiny_png_vit{h}x{w}", "chelsea_tiny.png", ViTImageProcessor(size={"height": h, "width": w}),
+             {"image_size": f"{h},{w}", "patch_size": "2"}, f"ViTImageProcessor(size={h}×{w}): one side unchanged")
     clip_options = {"resize": "pil_bicubic", "center_crop": "true", "image_size": "64",
                     "mean": ",".join(map(str, CLIP_MEAN)), "std": ",".join(map(str, CLIP_STD))}
     clip72 = CLIPImageProcessor(size={"shortest_edge": 72}, crop_size={"height": 64, "width": 64})
