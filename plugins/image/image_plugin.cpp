@@ -151,7 +151,8 @@ class ImagePlugin {
     return i;
   }
 
-  std::vector<Sequence> encode(const tessera::plugin::Item& item) const {
+  // Not const: the encoder keeps its scratch images between calls (one thread at a time uses it).
+  std::vector<Sequence> encode(const tessera::plugin::Item& item) {
     const std::string id(item.id);
     try {
       const cv::Mat rgb = decode(item.data, item.size);
@@ -166,17 +167,19 @@ class ImagePlugin {
  private:
   // The file's pixels as 8-bit RGB, EXIF orientation applied. JPEG through libjpeg (corrupt data
   // refused), everything else through OpenCV.
-  cv::Mat decode(const uint8_t* data, size_t size) const {
+  cv::Mat decode(const uint8_t* data, size_t size) {
     const tessera::image::Container ct = tessera::image::inspect(data, size, max_pixels_);
     const uint8_t* bytes = ct.cleaned.empty() ? data : ct.cleaned.data();
     const size_t n = ct.cleaned.empty() ? size : ct.cleaned.size();
     if (n > static_cast<size_t>(INT_MAX))
       throw BadImage("file of " + std::to_string(n) + " bytes is over OpenCV's 2 GiB limit");
     cv::Mat m;
-    if (ct.format == tessera::image::Format::jpeg)
-      m = tessera::image::decode_jpeg(bytes, n);
-    else
+    if (ct.format == tessera::image::Format::jpeg) {
+      tessera::image::decode_jpeg(bytes, n, decoded_);
+      m = decoded_;
+    } else {
       m = opencv_decode(bytes, n, ct);
+    }
     cv::Mat turned;
     switch (ct.orientation) {  // EXIF orientation → the transposition PIL's exif_transpose applies
       case 2:
@@ -269,9 +272,10 @@ class ImagePlugin {
     return g;
   }
 
-  // The model input: image_size pixels, packed RGB rows.
-  std::vector<uint8_t> model_input(const cv::Mat& rgb, const Geometry& g) const {
-    std::vector<uint8_t> out(static_cast<size_t>(height_ * width_ * 3));
+  // The model input: image_size pixels, packed RGB rows, in input_.
+  const std::vector<uint8_t>& model_input(const cv::Mat& rgb, const Geometry& g) {
+    std::vector<uint8_t>& out = input_;
+    out.resize(static_cast<size_t>(height_ * width_ * 3));
     const tessera::image::Window window{static_cast<int>(g.left), static_cast<int>(g.top),
                                         static_cast<int>(width_), static_cast<int>(height_)};
     if (resize_ == Resize::pil_bilinear || resize_ == Resize::pil_bicubic) {
@@ -299,9 +303,9 @@ class ImagePlugin {
     return out;
   }
 
-  Sequence rows(const cv::Mat& rgb) const {
+  Sequence rows(const cv::Mat& rgb) {
     const Geometry g = geometry(rgb.cols, rgb.rows);
-    const std::vector<uint8_t> input = model_input(rgb, g);
+    const std::vector<uint8_t>& input = model_input(rgb, g);
     const int64_t p = patch_, grid_rows = height_ / p, grid_cols = width_ / p;
     Sequence s;
     s.kind = TSR_ROWS_FEATURES;
@@ -363,6 +367,9 @@ class ImagePlugin {
   int64_t shortest_edge_ = 0, picture_size_ = 512, max_pixels_ = 0;
   double rescale_ = 1.0 / 255.0;
   float value_[3][256] = {};
+  // Scratch kept between calls, so that steady-state encoding allocates only its output.
+  cv::Mat decoded_;
+  std::vector<uint8_t> input_;
 };
 
 const tsr_option_spec kOptions[] = {

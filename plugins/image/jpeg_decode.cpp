@@ -109,7 +109,7 @@ void cmyk_to_rgb(const uint8_t* cmyk, uint8_t* rgb, size_t n) {
 
 }  // namespace
 
-cv::Mat decode_jpeg(const uint8_t* data, size_t size) {
+void decode_jpeg(const uint8_t* data, size_t size, cv::Mat& rgb) {
   Decoder d(data, size);
   if (!read_header(&d) || d.err.corrupt) refuse(d);
   const J_COLOR_SPACE cs = d.cinfo.jpeg_color_space;
@@ -118,16 +118,17 @@ cv::Mat decode_jpeg(const uint8_t* data, size_t size) {
     throw BadImage("JPEG in colour space " + std::to_string(static_cast<int>(cs)) +
                    " that libjpeg cannot turn into RGB");
   const int height = static_cast<int>(d.cinfo.image_height), width = static_cast<int>(d.cinfo.image_width);
-  cv::Mat pixels(height, width, cmyk ? CV_8UC4 : CV_8UC3);
+  cv::Mat cmyk_pixels;
+  cv::Mat& pixels = cmyk ? cmyk_pixels : rgb;
+  pixels.create(height, width, cmyk ? CV_8UC4 : CV_8UC3);
   if (!read_pixels(&d, pixels.data, pixels.step[0]) || d.err.corrupt) refuse(d);
   if (pixels.rows != static_cast<int>(d.cinfo.output_height) ||
       pixels.cols != static_cast<int>(d.cinfo.output_width))
     throw BadImage("corrupt JPEG: libjpeg decoded another size than its header says");
-  if (!cmyk) return pixels;
-  cv::Mat rgb(height, width, CV_8UC3);
+  if (!cmyk) return;
+  rgb.create(height, width, CV_8UC3);
   for (int y = 0; y < height; ++y)
     cmyk_to_rgb(pixels.ptr<uint8_t>(y), rgb.ptr<uint8_t>(y), static_cast<size_t>(width));
-  return rgb;
 }
 
 }  // namespace tessera::image

@@ -10,8 +10,9 @@
 
 namespace tessera::image {
 
-// The image as 8-bit RGB (grey replicated), as stored: no EXIF orientation. Throws BadImage with
-// libjpeg's own words for an error or a corrupt-data warning.
-cv::Mat decode_jpeg(const uint8_t* data, size_t size);
+// The image as 8-bit RGB (grey replicated), as stored: no EXIF orientation, into `rgb` (whose
+// memory is reused when it is large enough). Throws BadImage with libjpeg's own words for an
+// error or a corrupt-data warning.
+void decode_jpeg(const uint8_t* data, size_t size, cv::Mat& rgb);
 
 }  // namespace tessera::image
