@@ -1,7 +1,6 @@
-// The image plugin: one image file in, ViT patch rows out — decode (libjpeg or OpenCV, EXIF
-// orientation, RGB), resize (PIL-exact or OpenCV), optional centre crop, rescale and normalise,
-// then one row of 3·p·p values per patch in the order a Conv2d patch embedding reads them. No
-// model code here.
+// The image plugin: an image file in, ViT patch rows out — decode (libjpeg or OpenCV), EXIF
+// orientation, resize (PIL-exact or OpenCV), centre crop, normalise, then 3·p·p values per patch
+// in Conv2d order, with pixel provenance and a picture. No model code here.
 #include <algorithm>
 #include <array>
 #include <climits>
