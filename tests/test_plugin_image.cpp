@@ -1,7 +1,6 @@
-// The image plugin through the real ABI: patch rows equal to Hugging Face processors' pixel_values
-// on committed real photos, in Conv2d order; every format decoded as PIL decodes it, EXIF
-// orientation, provenance boxes, pictures; every bad file and bad option refused with its message.
-// It does not test the model: rows are compared before any transformer sees them.
+// The image plugin through the real ABI: rows equal to Hugging Face processors' pixel_values on
+// real photos, in Conv2d order; decoding as PIL; EXIF; provenance; pictures; every bad file and
+// option refused with its message. Rows only: no model runs here.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,7 +1,6 @@
-// Image file containers checked before any decoder sees them: the format from its magic bytes,
-// truncation and corruption a decoder would only warn about (a JPEG without its end marker, a PNG
-// chunk failing its CRC, strips past the end of a TIFF), zero and oversized dimensions, and the
-// EXIF orientation. It does not decode pixels: OpenCV does that, on data this file has vetted.
+// Checks an image file before any decoder sees it: the format from its magic bytes, truncation and
+// corruption a decoder would only warn about, zero and oversized dimensions, the EXIF orientation.
+// It decodes no pixels (libjpeg and OpenCV do, on data vetted here).
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,6 @@
-// JPEG decoding with libjpeg directly, because through OpenCV libjpeg's "Corrupt JPEG data"
-// warnings go to stderr and the damaged image comes back as a success. Here every such warning
-// refuses the file. Same library and settings as PIL (islow IDCT, fancy upsampling), so the pixels
-// are PIL's, CMYK files included (converted with PIL's formula).
+// JPEG decoding with libjpeg directly, so that its "Corrupt JPEG data" warnings refuse the file
+// (through OpenCV they go to stderr and the damaged image comes back as a success). PIL's library
+// and settings (islow IDCT, fancy upsampling, its CMYK formula), so the pixels are PIL's.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,6 @@
-// PIL-compatible resampling (Pillow 9.4, src/libImaging/Resample.c, 8 bits per channel). The
-// arithmetic follows PIL's operation by operation — coefficients in double, rounded to 22-bit fixed
-// point; a horizontal pass into 8-bit rows, then a vertical pass — because any reordering changes
-// some pixels by one level. Compile without FMA contraction (-ffp-contract=off), as PIL is built.
+// PIL-compatible resampling (Pillow 9.4's Resample.c, 8 bits per channel), operation by operation:
+// double coefficients rounded to 22-bit fixed point, a horizontal pass into 8-bit rows, then a
+// vertical pass. Any reordering moves some pixels by a level; build with -ffp-contract=off.
 #include "resample.h"
 
 #include <algorithm>
