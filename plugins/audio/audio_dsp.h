@@ -127,7 +127,8 @@ struct PatchGrid {
 };
 PatchGrid patch_grid(int n_frames, int n_mels, int patch, int stride);
 // (F' · T', patch²) patches of spec (n_frames, n_mels), in ASTPatchEmbeddings' order.
-std::vector<float> unfold_patches(const std::vector<float>& spec, int n_frames, int n_mels, int patch, int stride);
+std::vector<float> unfold_patches(const std::vector<float>& spec, int n_frames, int n_mels, int patch,
+                                  int stride);
 
 // ---- Recipes ----------------------------------------------------------------------------------
 

@@ -3,8 +3,10 @@
 // Options and their checks live here; the signal path is in audio_dsp.h. See docs/plugins/audio.md.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "audio_dsp.h"
@@ -22,20 +24,26 @@ constexpr const char* kAstStd = "4.5689974";
 
 const tsr_option_spec kOptions[] = {
     {sizeof(tsr_option_spec), "recipe", TSR_OPT_ENUM, "whisper",
-     "front end: whisper (log_mel_spectrogram), kaldi_fbank (torchaudio's Kaldi fbank), ast (fbank, 1024 frames, "
+     "front end: whisper (log_mel_spectrogram), kaldi_fbank (torchaudio's Kaldi fbank), ast (fbank, 1024 "
+     "frames, "
      "AudioSet normalisation), frames (log-mel frames you configure)",
      "whisper|kaldi_fbank|ast|frames"},
     {sizeof(tsr_option_spec), "rows", TSR_OPT_ENUM, "frames",
-     "frames: one row per spectrogram frame; patches: AST's patch_size² patches, frequency-major", "frames|patches"},
+     "frames: one row per spectrogram frame; patches: AST's patch_size² patches, frequency-major",
+     "frames|patches"},
     {sizeof(tsr_option_spec), "n_mels", TSR_OPT_INT, "0",
-     "mel bands; 0: the recipe's (whisper 80, kaldi_fbank and ast 128, frames 80); whisper takes 80 or 128", nullptr},
+     "mel bands; 0: the recipe's (whisper 80, kaldi_fbank and ast 128, frames 80); whisper takes 80 or 128",
+     nullptr},
     {sizeof(tsr_option_spec), "target_frames", TSR_OPT_INT, "-1",
-     "pad or trim to this many frames; -1: the recipe's (whisper 3000 = 30 s, ast 1024, others none); 0: none",
+     "pad or trim to this many frames; -1: the recipe's (whisper 3000 = 30 s, ast 1024, others none); 0: "
+     "none",
      nullptr},
     {sizeof(tsr_option_spec), "sample_rate", TSR_OPT_INT, "0",
-     "rate the audio is resampled to, Hz; 0: the recipe's (16000); only recipe frames may change it", nullptr},
+     "rate the audio is resampled to, Hz; 0: the recipe's (16000); only recipe frames may change it",
+     nullptr},
     {sizeof(tsr_option_spec), "n_fft", TSR_OPT_INT, "0",
-     "FFT and frame length in samples, even; 0: the recipe's (400; Kaldi: 400-sample frames in a 512-point FFT); "
+     "FFT and frame length in samples, even; 0: the recipe's (400; Kaldi: 400-sample frames in a 512-point "
+     "FFT); "
      "only recipe frames may change it",
      nullptr},
     {sizeof(tsr_option_spec), "hop", TSR_OPT_INT, "0",
@@ -45,62 +53,84 @@ const tsr_option_spec kOptions[] = {
      "kaldi_fbank and frames may change it",
      "recipe|hann|hann_symmetric|hamming|hamming_symmetric|povey"},
     {sizeof(tsr_option_spec), "mel_scale", TSR_OPT_ENUM, "recipe",
-     "mel filterbank; recipe: the recipe's (slaney for whisper and frames, kaldi for kaldi_fbank and ast); only "
+     "mel filterbank; recipe: the recipe's (slaney for whisper and frames, kaldi for kaldi_fbank and ast); "
+     "only "
      "recipe frames may change it",
      "recipe|slaney|htk|kaldi"},
     {sizeof(tsr_option_spec), "log", TSR_OPT_ENUM, "recipe",
-     "log of the mel energies; recipe: the recipe's (whisper's own, ln for Kaldi, log10 for frames); only recipe "
+     "log of the mel energies; recipe: the recipe's (whisper's own, ln for Kaldi, log10 for frames); only "
+     "recipe "
      "frames may change it",
      "recipe|log10|ln|none"},
     {sizeof(tsr_option_spec), "log_floor", TSR_OPT_FLOAT, "0",
-     "mel energies are raised to at least this before the log; 0: the recipe's (1e-10; Kaldi: float32 epsilon); "
+     "mel energies are raised to at least this before the log; 0: the recipe's (1e-10; Kaldi: float32 "
+     "epsilon); "
      "only recipe frames may change it",
      nullptr},
     {sizeof(tsr_option_spec), "ast_mean", TSR_OPT_FLOAT, kAstMean,
      "recipe ast: features become (x - ast_mean) / (2 · ast_std); AudioSet's by default", nullptr},
     {sizeof(tsr_option_spec), "ast_std", TSR_OPT_FLOAT, kAstStd, "recipe ast: see ast_mean", nullptr},
-    {sizeof(tsr_option_spec), "patch_size", TSR_OPT_INT, "16", "rows patches: patch side, in frames and bands",
-     nullptr},
+    {sizeof(tsr_option_spec), "patch_size", TSR_OPT_INT, "16",
+     "rows patches: patch side, in frames and bands", nullptr},
     {sizeof(tsr_option_spec), "patch_stride", TSR_OPT_INT, "10",
      "rows patches: step between patches, in frames and in bands", nullptr},
     {sizeof(tsr_option_spec), "special_rows", TSR_OPT_INT, "0",
      "zero rows with role CLS put first (AST: 2, its CLS and distillation tokens)", nullptr},
     {sizeof(tsr_option_spec), "resample_quality", TSR_OPT_ENUM, "vhq",
-     "libsoxr's converter for files at another rate: vhq (28-bit, the best), hq, mq, lq, qq", "vhq|hq|mq|lq|qq"},
+     "libsoxr's converter for files at another rate: vhq (28-bit, the best), hq, mq, lq, qq",
+     "vhq|hq|mq|lq|qq"},
     {sizeof(tsr_option_spec), "max_seconds", TSR_OPT_FLOAT, "3600",
      "longer files are refused as bad input (bounds the memory one item takes)", nullptr},
 };
 
-const tsr_plugin_info kInfo = {sizeof(tsr_plugin_info),
-                               "audio",
-                               "audio",
-                               "1.0.0",
-                               "sound files (WAV, FLAC, Ogg) as log-mel frames or AST patches: Whisper, Kaldi fbank, AST",
-                               kOptions,
-                               sizeof kOptions / sizeof kOptions[0],
-                               TSR_INPUT_FILE,
-                               ".wav|.flac|.ogg|.oga"};
+const tsr_plugin_info kInfo = {
+    sizeof(tsr_plugin_info),
+    "audio",
+    "audio",
+    "1.0.0",
+    "sound files (WAV, FLAC, Ogg) as log-mel frames or AST patches: Whisper, Kaldi fbank, AST",
+    kOptions,
+    sizeof kOptions / sizeof kOptions[0],
+    TSR_INPUT_FILE,
+    ".wav|.flac|.ogg|.oga"};
 
 const char* recipe_name(audio::Recipe r) {
-  switch (r) {
-    case audio::Recipe::whisper: return "whisper";
-    case audio::Recipe::kaldi_fbank: return "kaldi_fbank";
-    case audio::Recipe::ast: return "ast";
-    case audio::Recipe::frames: return "frames";
-  }
-  return "?";
+  static const char* names[] = {"whisper", "kaldi_fbank", "ast", "frames"};
+  return names[static_cast<int>(r)];
 }
 
-// Reads the options into a FrontEnd: each recipe fixes some settings and lets others change.
+// A bad option value: the host names the option ("option n_fft: ...") in front of the message.
+[[noreturn]] void bad(const std::string& name, const std::string& message) {
+  fail(TSR_INVALID_ARGUMENT, message, name);
+}
+
+int64_t int_in(const Options& o, const std::string& name, int64_t lo, int64_t hi,
+               const std::string& note = "") {
+  const int64_t v = o.get_int(name);
+  if (v < lo || v > hi)
+    bad(name,
+        std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]" + note);
+  return v;
+}
+
+template <class E>
+E enum_of(const Options& o, const std::string& name, std::initializer_list<const char*> names) {
+  const std::string& v = o.get_string(name);
+  int i = 0;
+  for (const char* n : names) {
+    if (v == n) return static_cast<E>(i);
+    ++i;
+  }
+  bad(name, "unknown value \"" + v + "\"");
+}
+
+// Reads the options into a FrontEnd. Each recipe fixes some settings: an option left at its
+// default (0, or "recipe") takes the recipe's value, and so does the recipe's value written out;
+// any other value is refused unless the recipe lets that setting change.
 class OptionReader {
  public:
   explicit OptionReader(const Options& o) : o_(o) {
-    const std::string& r = o.get_string("recipe");
-    fe_.recipe = r == "whisper"       ? audio::Recipe::whisper
-                 : r == "kaldi_fbank" ? audio::Recipe::kaldi_fbank
-                 : r == "ast"         ? audio::Recipe::ast
-                 : r == "frames"      ? audio::Recipe::frames
-                                      : bad_enum<audio::Recipe>("recipe");
+    fe_.recipe = enum_of<audio::Recipe>(o, "recipe", {"whisper", "kaldi_fbank", "ast", "frames"});
   }
 
   audio::FrontEnd front_end() {
@@ -114,127 +144,98 @@ class OptionReader {
       fe_.n_fft = 512;
     } else {
       fe_.n_fft = fixed_int("n_fft", 400, free, 16, 65536);
-      if (fe_.n_fft % 2) fail(TSR_INVALID_ARGUMENT, "option \"n_fft\": " + std::to_string(fe_.n_fft) + " is odd; give an even FFT length", "n_fft");
+      if (fe_.n_fft % 2) bad("n_fft", std::to_string(fe_.n_fft) + " is odd; give an even FFT length");
       fe_.win_length = fe_.n_fft;
     }
     fe_.hop = fixed_int("hop", 160, free, 1, fe_.win_length);
     fe_.n_mels = fixed_int("n_mels", kaldi ? 128 : 80, true, 1, std::min(512, fe_.n_fft / 2));
     if (r == Recipe::whisper && fe_.n_mels != 80 && fe_.n_mels != 128)
-      fail(TSR_INVALID_ARGUMENT,
-           "option \"n_mels\": recipe whisper has filterbanks of 80 or 128 bands (large-v3), not " +
-               std::to_string(fe_.n_mels),
-           "n_mels");
+      bad("n_mels",
+          "recipe whisper has filterbanks of 80 or 128 bands (large-v3), not " + std::to_string(fe_.n_mels));
     fe_.framing = kaldi ? audio::Framing::kaldi_snip : audio::Framing::centered;
-    fe_.window = fixed_window(kaldi ? audio::Window::hann_symmetric : audio::Window::hann, free || r == Recipe::kaldi_fbank);
-    fe_.mel_scale = fixed_mel_scale(kaldi ? audio::MelScale::kaldi : audio::MelScale::slaney, free);
-    fe_.log = fixed_log(r == Recipe::whisper ? audio::LogKind::whisper : kaldi ? audio::LogKind::ln : audio::LogKind::log10, free);
+    fe_.window = fixed_enum("window", kaldi ? audio::Window::hann_symmetric : audio::Window::hann,
+                            free || r == Recipe::kaldi_fbank,
+                            {"hann", "hann_symmetric", "hamming", "hamming_symmetric", "povey"});
+    fe_.mel_scale = fixed_enum("mel_scale", kaldi ? audio::MelScale::kaldi : audio::MelScale::slaney, free,
+                               {"htk", "slaney", "kaldi"});
+    const audio::LogKind log = r == Recipe::whisper ? audio::LogKind::whisper
+                               : kaldi              ? audio::LogKind::ln
+                                                    : audio::LogKind::log10;
+    fe_.log = fixed_enum("log", log, free, {"whisper's own", "ln", "log10", "none"});
+
     const double floor = o_.get_float("log_floor");
     const double recipe_floor = kaldi ? static_cast<double>(std::numeric_limits<float>::epsilon()) : 1e-10;
-    if (floor < 0 || !std::isfinite(floor)) fail(TSR_INVALID_ARGUMENT, "option \"log_floor\": give a positive number (or 0 for the recipe's)", "log_floor");
-    if (floor != 0 && floor != recipe_floor && !free) refuse("log_floor", std::to_string(recipe_floor));
+    if (!(floor >= 0) || !std::isfinite(floor))
+      bad("log_floor", o_.text("log_floor") + " is not a positive number (0: the recipe's)");
+    if (floor != 0 && floor != recipe_floor && !free)
+      refuse("log_floor", kaldi ? "float32's epsilon" : "1e-10");
     fe_.log_floor = floor == 0 ? recipe_floor : floor;
 
-    const int64_t target = o_.get_int("target_frames");
-    if (target < -1 || target > 1000000)
-      fail(TSR_INVALID_ARGUMENT, "option \"target_frames\": " + std::to_string(target) + " is outside [-1, 1000000] (-1: the recipe's, 0: no padding)", "target_frames");
+    const int64_t target = int_in(o_, "target_frames", -1, 1000000, " (-1: the recipe's, 0: no padding)");
     fe_.target_frames = target >= 0 ? target : r == Recipe::whisper ? 3000 : r == Recipe::ast ? 1024 : 0;
 
-    const double mean = o_.get_float("ast_mean"), std = o_.get_float("ast_std");
-    if (!std::isfinite(mean)) fail(TSR_INVALID_ARGUMENT, "option \"ast_mean\": not a finite number", "ast_mean");
-    if (!(std > 0) || !std::isfinite(std)) fail(TSR_INVALID_ARGUMENT, "option \"ast_std\": " + o_.text("ast_std") + " is not a positive number", "ast_std");
-    if (r != Recipe::ast) {
-      if (mean != std::stod(kAstMean)) only_for("ast_mean", "recipe: ast");
-      if (std != std::stod(kAstStd)) only_for("ast_std", "recipe: ast");
-    }
     fe_.normalise = r == Recipe::ast;
-    fe_.mean = mean;
-    fe_.std = std;
+    fe_.mean = o_.get_float("ast_mean");
+    fe_.std = o_.get_float("ast_std");
+    if (!std::isfinite(fe_.mean)) bad("ast_mean", o_.text("ast_mean") + " is not a finite number");
+    if (!(fe_.std > 0) || !std::isfinite(fe_.std))
+      bad("ast_std", o_.text("ast_std") + " is not a positive number");
+    if (r != Recipe::ast && fe_.mean != std::stod(kAstMean)) only_with_ast("ast_mean");
+    if (r != Recipe::ast && fe_.std != std::stod(kAstStd)) only_with_ast("ast_std");
     return fe_;
   }
 
-  const Options& options() const { return o_; }
-
  private:
-  template <class T>
-  [[noreturn]] T bad_enum(const char* name) const {
-    fail(TSR_INVALID_ARGUMENT, std::string("option \"") + name + "\": unknown value \"" + o_.text(name) + "\"", name);
-  }
   [[noreturn]] void refuse(const std::string& name, const std::string& fixed) const {
-    fail(TSR_INVALID_ARGUMENT,
-         "option \"" + name + "\": recipe " + recipe_name(fe_.recipe) + " fixes it at " + fixed + " (got " + o_.text(name) +
-             "); leave it at its default, or use recipe: frames to choose it",
-         name);
+    bad(name, "recipe " + std::string(recipe_name(fe_.recipe)) + " fixes it at " + fixed + ", so " +
+                  o_.text(name) + " cannot be used; leave the option at its default, or use recipe: frames");
   }
-  [[noreturn]] void only_for(const std::string& name, const std::string& where) const {
-    fail(TSR_INVALID_ARGUMENT, "option \"" + name + "\" applies only with " + where + " (got " + o_.text(name) + " with recipe " + recipe_name(fe_.recipe) + ")", name);
+  [[noreturn]] void only_with_ast(const std::string& name) const {
+    bad(name, "applies only with recipe: ast (got " + o_.text(name) + " with recipe " +
+                  recipe_name(fe_.recipe) + ")");
   }
-  // 0: the recipe's value; the recipe's value itself is always accepted; anything else only where
-  // the recipe lets it change, within [lo, hi].
   int fixed_int(const std::string& name, int recipe_value, bool may_change, int lo, int hi) const {
     const int64_t v = o_.get_int(name);
     if (v == 0 || v == recipe_value) return recipe_value;
     if (!may_change) refuse(name, std::to_string(recipe_value));
-    if (v < lo || v > hi)
-      fail(TSR_INVALID_ARGUMENT, "option \"" + name + "\": " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (0: the recipe's)", name);
-    return static_cast<int>(v);
-  }
-  audio::Window fixed_window(audio::Window recipe_value, bool may_change) const {
-    static const char* names[] = {"hann", "hann_symmetric", "hamming", "hamming_symmetric", "povey"};
-    return pick("window", recipe_value, may_change, names, 5);
-  }
-  audio::MelScale fixed_mel_scale(audio::MelScale recipe_value, bool may_change) const {
-    static const char* names[] = {"htk", "slaney", "kaldi"};
-    return pick("mel_scale", recipe_value, may_change, names, 3);
-  }
-  audio::LogKind fixed_log(audio::LogKind recipe_value, bool may_change) const {
-    static const char* names[] = {"whisper's", "ln", "log10", "none"};
-    return pick("log", recipe_value, may_change, names, 4);
+    return static_cast<int>(int_in(o_, name, lo, hi, " (0: the recipe's)"));
   }
   template <class E>
-  E pick(const std::string& name, E recipe_value, bool may_change, const char* const* names, int n) const {
-    const std::string& v = o_.get_string(name);
-    if (v == "recipe" || v == names[static_cast<int>(recipe_value)]) return recipe_value;
-    for (int i = 0; i < n; ++i)
-      if (v == names[i]) {
-        if (!may_change) refuse(name, names[static_cast<int>(recipe_value)]);
-        return static_cast<E>(i);
-      }
-    return bad_enum<E>(name.c_str());
+  E fixed_enum(const std::string& name, E recipe_value, bool may_change,
+               std::initializer_list<const char*> names) const {
+    if (o_.get_string(name) == "recipe") return recipe_value;
+    const E v = enum_of<E>(o_, name, names);
+    if (v != recipe_value && !may_change) refuse(name, names.begin()[static_cast<int>(recipe_value)]);
+    return v;
   }
 
   const Options& o_;
   audio::FrontEnd fe_;
 };
 
-audio::ResampleQuality quality_of(const Options& o) {
-  const std::string& q = o.get_string("resample_quality");
-  if (q == "vhq") return audio::ResampleQuality::very_high;
-  if (q == "hq") return audio::ResampleQuality::high;
-  if (q == "mq") return audio::ResampleQuality::medium;
-  if (q == "lq") return audio::ResampleQuality::low;
-  if (q == "qq") return audio::ResampleQuality::quick;
-  fail(TSR_INVALID_ARGUMENT, "option \"resample_quality\": unknown value \"" + q + "\"", "resample_quality");
-}
-
 class Audio {
  public:
-  explicit Audio(const Options& o) : extractor_(OptionReader(o).front_end()), quality_(quality_of(o)) {
-    patches_ = o.get_string("rows") == "patches";
-    if (!patches_ && o.get_string("rows") != "frames")
-      fail(TSR_INVALID_ARGUMENT, "option \"rows\": unknown value \"" + o.text("rows") + "\"", "rows");
-    patch_ = int_in(o, "patch_size", 2, 128);
-    stride_ = int_in(o, "patch_stride", 1, patch_);
-    if (!patches_ && patch_ != 16) fail(TSR_INVALID_ARGUMENT, "option \"patch_size\" applies only with rows: patches (got " + o.text("patch_size") + " with rows: frames)", "patch_size");
-    if (!patches_ && stride_ != 10) fail(TSR_INVALID_ARGUMENT, "option \"patch_stride\" applies only with rows: patches (got " + o.text("patch_stride") + " with rows: frames)", "patch_stride");
+  explicit Audio(const Options& o)
+      : extractor_(OptionReader(o).front_end()),
+        quality_(enum_of<audio::ResampleQuality>(o, "resample_quality", {"qq", "lq", "mq", "hq", "vhq"})),
+        patches_(enum_of<int>(o, "rows", {"frames", "patches"}) == 1),
+        max_seconds_(o.get_float("max_seconds")) {
+    const std::pair<const char*, int64_t> patch_defaults[] = {{"patch_size", 16}, {"patch_stride", 10}};
+    for (const auto& [name, fallback] : patch_defaults)
+      if (!patches_ && o.get_int(name) != fallback)
+        bad(name, "applies only with rows: patches (got " + o.text(name) + " with rows: frames)");
+    patch_ = static_cast<int>(int_in(o, "patch_size", 2, 128));
+    stride_ = static_cast<int>(int_in(o, "patch_stride", 1, patch_, " (at most patch_size)"));
+    special_ = static_cast<int>(int_in(o, "special_rows", 0, 16));
     const audio::FrontEnd& fe = extractor_.front_end();
     if (patches_ && fe.n_mels < patch_)
-      fail(TSR_INVALID_ARGUMENT, "option \"patch_size\": " + std::to_string(patch_) + " is more than the " + std::to_string(fe.n_mels) + " mel bands", "patch_size");
+      bad("patch_size",
+          std::to_string(patch_) + " is more than the " + std::to_string(fe.n_mels) + " mel bands");
     if (patches_ && fe.target_frames > 0 && fe.target_frames < patch_)
-      fail(TSR_INVALID_ARGUMENT, "option \"target_frames\": " + std::to_string(fe.target_frames) + " frames hold no " + std::to_string(patch_) + "-frame patch", "target_frames");
-    special_ = int_in(o, "special_rows", 0, 16);
-    max_seconds_ = o.get_float("max_seconds");
+      bad("target_frames",
+          std::to_string(fe.target_frames) + " frames hold no " + std::to_string(patch_) + "-frame patch");
     if (!(max_seconds_ > 0) || max_seconds_ > 86400)
-      fail(TSR_INVALID_ARGUMENT, "option \"max_seconds\": " + o.text("max_seconds") + " is outside (0, 86400]", "max_seconds");
+      bad("max_seconds", o.text("max_seconds") + " is outside (0, 86400]");
   }
 
   tsr_encoder_info describe() const {
@@ -245,8 +246,10 @@ class Audio {
     i.causal = 0;
     i.pad_id = -1;
     if (fe.target_frames > 0) {
-      const audio::PatchGrid g = audio::patch_grid(static_cast<int>(fe.target_frames), fe.n_mels, patch_, stride_);
-      i.max_rows = special_ + (patches_ ? static_cast<int64_t>(g.freq_patches) * g.time_patches : fe.target_frames);
+      const audio::PatchGrid g =
+          audio::patch_grid(static_cast<int>(fe.target_frames), fe.n_mels, patch_, stride_);
+      i.max_rows =
+          special_ + (patches_ ? static_cast<int64_t>(g.freq_patches) * g.time_patches : fe.target_frames);
     }
     return i;
   }
@@ -256,7 +259,8 @@ class Audio {
     audio::Features f;
     try {
       const audio::Decoded d = audio::decode(item.data, item.size, max_seconds_);
-      f = extractor_.compute(audio::resample(d.samples, d.sample_rate, extractor_.front_end().sample_rate, quality_));
+      f = extractor_.compute(
+          audio::resample(d.samples, d.sample_rate, extractor_.front_end().sample_rate, quality_));
     } catch (const audio::AudioError& e) {
       fail(TSR_BAD_INPUT, id + ": " + e.what());
     }
@@ -264,7 +268,8 @@ class Audio {
     s.kind = TSR_ROWS_FEATURES;
     s.width = static_cast<uint32_t>(patches_ ? patch_ * patch_ : f.n_mels);
     const std::vector<float> zeros(s.width, 0.0f);
-    for (int k = 0; k < special_; ++k) s.add_features(zeros.data(), TSR_ROLE_CLS, tessera::plugin::no_provenance(), k);
+    for (int k = 0; k < special_; ++k)
+      s.add_features(zeros.data(), TSR_ROLE_CLS, tessera::plugin::no_provenance(), k);
     if (patches_)
       add_patches(id, f, s);
     else
@@ -274,13 +279,6 @@ class Audio {
   }
 
  private:
-  static int int_in(const Options& o, const std::string& name, int lo, int hi) {
-    const int64_t v = o.get_int(name);
-    if (v < lo || v > hi)
-      fail(TSR_INVALID_ARGUMENT, "option \"" + name + "\": " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", name);
-    return static_cast<int>(v);
-  }
-
   // Row k + f is frame f: position (k + f, -1), provenance [t0, t1) s × [0, n_mels) bands.
   void add_frames(const audio::Features& f, Sequence& s) const {
     for (int t = 0; t < f.n_frames; ++t) {
@@ -295,8 +293,8 @@ class Audio {
   void add_patches(const std::string& id, const audio::Features& f, Sequence& s) const {
     const audio::PatchGrid g = audio::patch_grid(f.n_frames, f.n_mels, patch_, stride_);
     if (g.time_patches == 0)
-      fail(TSR_BAD_INPUT, id + ": " + std::to_string(f.n_frames) + " frames are too few for one " + std::to_string(patch_) +
-                              "-frame patch (set target_frames to pad short clips)");
+      fail(TSR_BAD_INPUT, id + ": " + std::to_string(f.n_frames) + " frames are too few for one " +
+                              std::to_string(patch_) + "-frame patch (set target_frames to pad short clips)");
     const std::vector<float> p = audio::unfold_patches(f.values, f.n_frames, f.n_mels, patch_, stride_);
     s.grid_rows = static_cast<uint32_t>(g.freq_patches);
     s.grid_cols = static_cast<uint32_t>(g.time_patches);
@@ -327,11 +325,12 @@ class Audio {
     for (int64_t c = 0; c < width; ++c) {
       const double t = (static_cast<double>(c) + 0.5) * duration / static_cast<double>(width);
       const double centre_offset = fe.framing == audio::Framing::centered ? 0.0 : fe.win_length / 2.0;
-      const int64_t frame = std::clamp<int64_t>(std::llround((t * fe.sample_rate - centre_offset) / fe.hop), 0,
-                                                f.content_frames - 1);
+      const int64_t frame = std::clamp<int64_t>(std::llround((t * fe.sample_rate - centre_offset) / fe.hop),
+                                                0, f.content_frames - 1);
       for (int y = 0; y < height; ++y) {
         const float value = v[static_cast<size_t>(frame) * f.n_mels + static_cast<size_t>(height - 1 - y)];
-        s.picture[static_cast<size_t>(y) * width + c] = static_cast<uint8_t>(std::lround((value - *lo) * scale));
+        s.picture[static_cast<size_t>(y) * width + c] =
+            static_cast<uint8_t>(std::lround((value - *lo) * scale));
       }
     }
     s.picture_width = static_cast<uint32_t>(width);
@@ -345,9 +344,9 @@ class Audio {
 
   audio::Extractor extractor_;
   audio::ResampleQuality quality_;
-  bool patches_ = false;
+  bool patches_;
+  double max_seconds_;
   int patch_ = 16, stride_ = 10, special_ = 0;
-  double max_seconds_ = 3600;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "audio_dsp.h"
@@ -50,6 +51,12 @@ struct SndFile {
   }
 };
 
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
 std::string rate_problem(long long rate) {
   return "sample rate " + std::to_string(rate) + " Hz is outside [" + std::to_string(kMinSampleRate) + ", " +
          std::to_string(kMaxSampleRate) + "] (a corrupt header?)";
@@ -83,7 +90,8 @@ void check_wav_header(const uint8_t* d, size_t n) {
       const uint32_t rate = u32(body + 4);
       block_align = u16(body + 12);
       if (channels == 0) throw AudioError("the WAV fmt chunk declares 0 channels (a corrupt header?)");
-      if (rate < kMinSampleRate || rate > kMaxSampleRate) throw AudioError("the WAV fmt chunk's " + rate_problem(rate));
+      if (rate < kMinSampleRate || rate > kMaxSampleRate)
+        throw AudioError("the WAV fmt chunk's " + rate_problem(rate));
     } else if (std::memcmp(id, "data", 4) == 0) {
       uint64_t declared = size;
       if (rf64 && size == 0xFFFFFFFFu && have_ds64) declared = ds64_data;
@@ -94,7 +102,8 @@ void check_wav_header(const uint8_t* d, size_t n) {
           return block_align ? " (" + std::to_string(bytes / block_align) + " frames)" : std::string();
         };
         throw AudioError("truncated WAV: its data chunk promises " + std::to_string(declared) + " bytes" +
-                         frames(declared) + " but the file holds only " + std::to_string(available) + frames(available));
+                         frames(declared) + " but the file holds only " + std::to_string(available) +
+                         frames(available));
       }
       return;
     }
@@ -114,8 +123,10 @@ Decoded decode(const uint8_t* data, size_t size, double max_seconds) {
     throw AudioError(std::string("not a sound file libsndfile can read: ") + sf_strerror(nullptr) +
                      " (expected WAV, FLAC or Ogg Vorbis)");
   Decoded out;
-  out.format = format_name(info.format, SF_FORMAT_TYPEMASK) + ", " + format_name(info.format, SF_FORMAT_SUBMASK);
-  if (info.channels <= 0) throw AudioError(out.format + " with " + std::to_string(info.channels) + " channels");
+  out.format =
+      format_name(info.format, SF_FORMAT_TYPEMASK) + ", " + format_name(info.format, SF_FORMAT_SUBMASK);
+  if (info.channels <= 0)
+    throw AudioError(out.format + " with " + std::to_string(info.channels) + " channels");
   if (info.samplerate < kMinSampleRate || info.samplerate > kMaxSampleRate)
     throw AudioError(out.format + ": " + rate_problem(info.samplerate));
   out.sample_rate = info.samplerate;
@@ -123,8 +134,9 @@ Decoded decode(const uint8_t* data, size_t size, double max_seconds) {
   const double limit = max_seconds * info.samplerate;
   const bool known_length = info.frames >= 0 && info.frames != SF_COUNT_MAX;
   if (known_length && static_cast<double>(info.frames) > limit)
-    throw AudioError(std::to_string(static_cast<double>(info.frames) / info.samplerate) + " s of audio is more than max_seconds = " +
-                     std::to_string(max_seconds) + " (cut the file, or raise the option)");
+    throw AudioError(number(static_cast<double>(info.frames) / info.samplerate) +
+                     " s of audio is more than max_seconds = " + number(max_seconds) +
+                     " (cut the file, or raise the option)");
 
   const int ch = info.channels;
   const sf_count_t block = 4096;
@@ -138,18 +150,19 @@ Decoded decode(const uint8_t* data, size_t size, double max_seconds) {
       for (int c = 0; c < ch; ++c) sum += buffer[static_cast<size_t>(i * ch + c)];
       const double v = sum / ch;
       if (!std::isfinite(v))
-        throw AudioError("sample " + std::to_string(out.samples.size()) + " is not a finite number (" + out.format + ")");
+        throw AudioError("sample " + std::to_string(out.samples.size()) + " is not a finite number (" +
+                         out.format + ")");
       out.samples.push_back(v);
     }
     if (static_cast<double>(out.samples.size()) > limit)
-      throw AudioError("more than max_seconds = " + std::to_string(max_seconds) +
+      throw AudioError("more than max_seconds = " + number(max_seconds) +
                        " s of audio (cut the file, or raise the option)");
   }
   const sf_count_t decoded = static_cast<sf_count_t>(out.samples.size());
   if (sf_error(file.f) != SF_ERR_NO_ERROR)
     throw AudioError("decoding stopped after " + std::to_string(decoded) + " frames" +
-                     (known_length ? " of " + std::to_string(info.frames) : std::string()) + ": " + sf_strerror(file.f) +
-                     " (" + out.format + "; the file is truncated or corrupt)");
+                     (known_length ? " of " + std::to_string(info.frames) : std::string()) + ": " +
+                     sf_strerror(file.f) + " (" + out.format + "; the file is truncated or corrupt)");
   if (known_length && decoded < info.frames)
     throw AudioError("truncated " + out.format + ": the header promises " + std::to_string(info.frames) +
                      " frames but only " + std::to_string(decoded) + " could be decoded");

@@ -73,7 +73,9 @@ Features Extractor::compute(const std::vector<double>& audio) {
 
   // Content frames: those whose centre lies inside the audio.
   int content = 0;
-  while (content < out.n_frames && frame_centre(content) * fe_.sample_rate < static_cast<double>(out.n_samples)) ++content;
+  while (content < out.n_frames &&
+         frame_centre(content) * fe_.sample_rate < static_cast<double>(out.n_samples))
+    ++content;
   out.content_frames = std::min(content, centred ? out.n_frames : kept);
   out.values.assign(mel.begin(), mel.end());
   return out;

@@ -20,8 +20,8 @@ std::vector<double> resample(const std::vector<double>& x, int in_rate, int out_
   std::vector<double> y(static_cast<size_t>(std::llround(static_cast<double>(x.size()) * ratio)));
   if (y.empty()) return y;
   size_t done = 0;
-  const soxr_error_t err = soxr_oneshot(in_rate, out_rate, 1, x.data(), x.size(), nullptr, y.data(), y.size(), &done,
-                                        &io, &quality, &runtime);
+  const soxr_error_t err = soxr_oneshot(in_rate, out_rate, 1, x.data(), x.size(), nullptr, y.data(), y.size(),
+                                        &done, &io, &quality, &runtime);
   if (err) throw std::runtime_error(std::string("libsoxr: ") + err);  // a bug or out of memory, not the input
   y.resize(done);
   return y;

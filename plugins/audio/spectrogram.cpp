@@ -37,7 +37,8 @@ double slaney_mel(double hz) {
   return hz < min_log_hz ? hz / f_sp : min_log_hz / f_sp + std::log(hz / min_log_hz) / logstep;
 }
 double slaney_hz(double mel) {
-  const double f_sp = 200.0 / 3, min_log_hz = 1000, min_log_mel = min_log_hz / f_sp, logstep = std::log(6.4) / 27;
+  const double f_sp = 200.0 / 3, min_log_hz = 1000, min_log_mel = min_log_hz / f_sp,
+               logstep = std::log(6.4) / 27;
   return mel < min_log_mel ? mel * f_sp : min_log_hz * std::exp(logstep * (mel - min_log_mel));
 }
 double htk_mel(double hz) { return 2595 * std::log10(1 + hz / 700); }
@@ -135,7 +136,8 @@ double* RealFft::input() { return plan_->in; }
 
 void RealFft::power(double* out) {
   fftw_execute(plan_->plan);
-  for (int k = 0; k <= n_ / 2; ++k) out[k] = plan_->out[k][0] * plan_->out[k][0] + plan_->out[k][1] * plan_->out[k][1];
+  for (int k = 0; k <= n_ / 2; ++k)
+    out[k] = plan_->out[k][0] * plan_->out[k][0] + plan_->out[k][1] * plan_->out[k][1];
 }
 
 // ---- Spectrograms -----------------------------------------------------------------------------
@@ -154,7 +156,8 @@ Spectrogram power_spectrogram(const std::vector<double>& x, Framing framing, int
     s.n_frames = static_cast<int>(1 + n / hop);
   } else {
     if (n < win_length)
-      throw AudioError(std::to_string(n) + " samples are too few for one " + std::to_string(win_length) + "-sample frame");
+      throw AudioError(std::to_string(n) + " samples are too few for one " + std::to_string(win_length) +
+                       "-sample frame");
     s.n_frames = static_cast<int>(1 + (n - win_length) / hop);
   }
   s.power.resize(static_cast<size_t>(s.n_frames) * s.n_bins);
@@ -187,7 +190,8 @@ Spectrogram power_spectrogram(const std::vector<double>& x, Framing framing, int
   return s;
 }
 
-std::vector<double> apply_filterbank(const Spectrogram& s, const std::vector<double>& filterbank, int n_mels) {
+std::vector<double> apply_filterbank(const Spectrogram& s, const std::vector<double>& filterbank,
+                                     int n_mels) {
   // Each band is non-zero over one run of bins; multiply over that run only.
   std::vector<std::pair<int, int>> runs(static_cast<size_t>(n_mels), {0, 0});
   for (int m = 0; m < n_mels; ++m) {
@@ -203,7 +207,8 @@ std::vector<double> apply_filterbank(const Spectrogram& s, const std::vector<dou
     for (int m = 0; m < n_mels; ++m) {
       const double* w = filterbank.data() + static_cast<size_t>(m) * s.n_bins;
       double sum = 0;
-      for (int k = runs[static_cast<size_t>(m)].first; k < runs[static_cast<size_t>(m)].second; ++k) sum += w[k] * p[k];
+      for (int k = runs[static_cast<size_t>(m)].first; k < runs[static_cast<size_t>(m)].second; ++k)
+        sum += w[k] * p[k];
       mel[static_cast<size_t>(f) * n_mels + m] = sum;
     }
   }
@@ -221,7 +226,8 @@ PatchGrid patch_grid(int n_frames, int n_mels, int patch, int stride) {
   return g;
 }
 
-std::vector<float> unfold_patches(const std::vector<float>& spec, int n_frames, int n_mels, int patch, int stride) {
+std::vector<float> unfold_patches(const std::vector<float>& spec, int n_frames, int n_mels, int patch,
+                                  int stride) {
   const PatchGrid g = patch_grid(n_frames, n_mels, patch, stride);
   const size_t width = static_cast<size_t>(patch) * patch;
   std::vector<float> out(static_cast<size_t>(g.freq_patches) * g.time_patches * width);
