@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -168,6 +169,12 @@ double max_abs(const std::vector<double>& a, const std::vector<double>& b) {
 
 std::string str(const Json& j) { return j.get<std::string>(); }
 
+std::string scientific(double v) {
+  std::ostringstream s;
+  s << std::scientific << std::setprecision(2) << v;
+  return s.str();
+}
+
 std::vector<std::string> clip_names() {
   std::vector<std::string> names;
   for (const auto& [name, clip] : manifest()["clips"].items()) names.push_back(name);
@@ -222,7 +229,7 @@ TEST_P(AudioClip, WhisperMatchesLogMelSpectrogram) {
   const Tensor ref = reference(str(clip()["whisper"]));
   ASSERT_EQ(r.size(), ref.dim(0));
   const double diff = max_abs_diff(r, ref);
-  RecordProperty("max_abs_diff", std::to_string(diff));
+  RecordProperty("max_abs_diff", scientific(diff));
   EXPECT_LT(diff, 1e-4) << GetParam();
 }
 
@@ -232,7 +239,7 @@ TEST_P(AudioClip, AstMatchesFeatureExtractor) {
   ASSERT_EQ(r.size(), clip()["ast_frames"].get<int64_t>());
   const Tensor ref = reference(str(clip()["ast"]));
   const double diff = max_abs_diff(r, ref);
-  RecordProperty("max_abs_diff", std::to_string(diff));
+  RecordProperty("max_abs_diff", scientific(diff));
   // complete.oga is a chime whose quiet bands sit near Kaldi's log floor, where the reference's
   // own float32 arithmetic is off by 2.2e-4 (its float64 run is below; expected.json records it).
   EXPECT_LT(diff, clip().contains("ast64") ? 3e-4 : 1e-4) << GetParam();
@@ -618,6 +625,8 @@ TEST_F(AudioBadInput, TooShortForTheRecipe) {
       "tiny.wav: 150 samples are too few for a centred 400-point frame (reflection needs more than 200)");
   EXPECT_EQ(refusal("tiny.wav", tiny, {{"recipe", "kaldi_fbank"}}),
             "tiny.wav: 150 samples are too few for one 400-sample frame");
+  EXPECT_EQ(refusal("blip.wav", wav_bytes(1, 16, 1, 48000, pcm16({0.5}))),
+            "blip.wav: 1 samples at 48000 Hz are less than one at 16000 Hz");
   const std::string tenth = wav_bytes(1, 16, 1, 16000, pcm16(sine(440, 16000, 0.1)));
   EXPECT_EQ(refusal("tenth.wav", tenth, {{"recipe", "kaldi_fbank"}, {"rows", "patches"}}),
             "tenth.wav: 8 frames are too few for one 16-frame patch (set target_frames to pad short clips)");

@@ -77,7 +77,7 @@ const tsr_option_spec kOptions[] = {
     {sizeof(tsr_option_spec), "special_rows", TSR_OPT_INT, "0",
      "zero rows with role CLS put first (AST: 2, its CLS and distillation tokens)", nullptr},
     {sizeof(tsr_option_spec), "resample_quality", TSR_OPT_ENUM, "vhq",
-     "libsoxr's converter for files at another rate: vhq (28-bit, the best), hq, mq, lq, qq",
+     "libsoxr's quality for files at another rate: vhq (28-bit, its best named one), hq (20-bit), mq, lq, qq",
      "vhq|hq|mq|lq|qq"},
     {sizeof(tsr_option_spec), "max_seconds", TSR_OPT_FLOAT, "3600",
      "longer files are refused as bad input (bounds the memory one item takes)", nullptr},
@@ -259,8 +259,13 @@ class Audio {
     audio::Features f;
     try {
       const audio::Decoded d = audio::decode(item.data, item.size, max_seconds_);
-      f = extractor_.compute(
-          audio::resample(d.samples, d.sample_rate, extractor_.front_end().sample_rate, quality_));
+      const int rate = extractor_.front_end().sample_rate;
+      const std::vector<double> x = audio::resample(d.samples, d.sample_rate, rate, quality_);
+      if (x.empty())
+        fail(TSR_BAD_INPUT, id + ": " + std::to_string(d.samples.size()) + " samples at " +
+                                std::to_string(d.sample_rate) + " Hz are less than one at " +
+                                std::to_string(rate) + " Hz");
+      f = extractor_.compute(x);
     } catch (const audio::AudioError& e) {
       fail(TSR_BAD_INPUT, id + ": " + e.what());
     }
