@@ -717,6 +717,9 @@ TEST(AudioOptions, EveryBadValueNamesItsOption) {
        "16 is more than the 8 mel bands"},
       {{{"rows", "patches"}, {"target_frames", "10"}}, "target_frames", "10 frames hold no 16-frame patch"},
       {{{"special_rows", "17"}}, "special_rows", "17 is outside [0, 16]"},
+      {{{"recipe", "frames"}, {"n_fft", "65536"}, {"hop", "65536"}, {"target_frames", "1000000"}},
+       "target_frames",
+       "1000000 frames of 65536 samples are more than a day of audio"},
       {{{"max_seconds", "0"}}, "max_seconds", "0 is outside (0, 86400]"},
       {{{"n_fft", "abc"}}, "n_fft", "option \"n_fft\": \"abc\" is not an integer"},
   };

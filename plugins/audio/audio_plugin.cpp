@@ -173,6 +173,9 @@ class OptionReader {
 
     const int64_t target = int_in(o_, "target_frames", -1, 1000000, " (-1: the recipe's, 0: no padding)");
     fe_.target_frames = target >= 0 ? target : r == Recipe::whisper ? 3000 : r == Recipe::ast ? 1024 : 0;
+    if (static_cast<double>(fe_.target_frames) * fe_.hop > 86400.0 * fe_.sample_rate)
+      bad("target_frames", std::to_string(fe_.target_frames) + " frames of " + std::to_string(fe_.hop) +
+                               " samples are more than a day of audio");
 
     fe_.normalise = r == Recipe::ast;
     fe_.mean = o_.get_float("ast_mean");

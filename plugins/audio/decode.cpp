@@ -141,7 +141,8 @@ Decoded decode(const uint8_t* data, size_t size, double max_seconds) {
   const int ch = info.channels;
   const sf_count_t block = 4096;
   std::vector<double> buffer(static_cast<size_t>(block) * ch);
-  if (known_length) out.samples.reserve(static_cast<size_t>(info.frames));
+  // A header's length is only a hint: reserve no more than a minute at 48 kHz on its word.
+  if (known_length) out.samples.reserve(static_cast<size_t>(std::min<sf_count_t>(info.frames, 1 << 22)));
   for (;;) {
     const sf_count_t got = sf_readf_double(file.f, buffer.data(), block);
     if (got <= 0) break;
