@@ -14,10 +14,12 @@ case "$mode" in
   *) echo "usage: tools/bootstrap.sh demo|test" >&2; exit 2 ;;
 esac
 
-# Everything comes from Debian 12's own archive. OpenCV and libsndfile are for the modality
-# plugins; python3 is not needed by the product, its build or its tests.
+# Everything comes from Debian 12's own archive. libpng draws attention heatmaps; OpenCV and
+# libjpeg (image), libsndfile, libsoxr and FFTW (audio) are for the modality plugins; python3 is
+# not needed by the product, its build or its tests.
 packages=(build-essential cmake pkgconf libdnnl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-          libgtest-dev libgmock-dev libopencv-dev libsndfile1-dev)
+          libgtest-dev libgmock-dev libpng-dev libopencv-dev libjpeg-dev libsndfile1-dev
+          libsoxr-dev libfftw3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
