@@ -9,6 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "run/heatmap.h"
 #include "tessera/fileio.h"
@@ -205,7 +208,7 @@ TEST(Runs, ProvenanceAndAttentionExport) {
   const Tensor hidden = npy::load(d + "/run/hidden.npy").value();
   EXPECT_EQ(hidden.shape(), Shape({6, 16}));  // é is two bytes: 6 byte rows
   const std::string rows = slurp(d + "/run/rows.jsonl");
-  EXPECT_NE(rows.find("{\"bytes\":[1.0,2.0],\"pos\":[1,-1],\"role\":\"content\"}"), std::string::npos) << rows;
+  EXPECT_NE(rows.find("{\"bytes\":[1,2],\"pos\":[1,-1],\"role\":\"content\",\"token\":"), std::string::npos) << rows;
   std::vector<std::string> files;
   for (const auto& f : fs::directory_iterator(d + "/run/attention")) files.push_back(f.path().filename().string());
   std::sort(files.begin(), files.end());
@@ -319,4 +322,158 @@ TEST(Heatmaps, BoxesAreColouredOverThePicture) {
   EXPECT_EQ(png->substr(12, 4), "IHDR");
   EXPECT_EQ(static_cast<unsigned char>((*png)[19]), 4);  // width, big-endian
   EXPECT_EQ(static_cast<unsigned char>((*png)[23]), 2);  // height
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several modalities: the quickstart (four real plugins, one multimodal item) and the stem layout.
+
+namespace {
+
+const std::string kQuickstart = std::string(TESSERA_SOURCE_DIR) + "/configs/experiments/quickstart.yaml";
+
+std::vector<nlohmann::json> jsonl(const std::string& path) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(slurp(path));
+  for (std::string line; std::getline(in, line);) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+}  // namespace
+
+TEST(Multimodal, QuickstartEncodesFourModalitiesAndACaptionedPhoto) {
+  const std::string d = temp_dir("quickstart");
+  Diagnostics diags;
+  std::optional<Experiment> e = load_experiment(kQuickstart, {}, &diags);
+  ASSERT_TRUE(e) << diags.str();
+  const RunSummary s = run_ok(*e, d + "/run");
+  EXPECT_EQ(s.items, 10);
+  EXPECT_EQ(s.sequences, 10);
+  EXPECT_EQ(s.failed, 0);
+  const Tensor emb = npy::load(d + "/run/embeddings.npy").value();
+  ASSERT_EQ(emb.shape(), Shape({10, 64}));
+  for (int64_t i = 0; i < emb.numel(); ++i) ASSERT_TRUE(std::isfinite(emb.data<float>()[i]));
+
+  // Each item's rows come from the plugins it has, in plugin order; token ids sit in their
+  // plugin's block (WordPiece 0..30521, ESM-2 from 30522); feature rows carry pixels or seconds.
+  std::map<std::string, nlohmann::json> rows;
+  for (const nlohmann::json& r : jsonl(d + "/run/rows.jsonl")) rows[r["id"]] = r["rows"];
+  ASSERT_EQ(rows.size(), 10u);
+  auto plugins_of = [&](const std::string& id) {
+    std::vector<int> seen;
+    for (const auto& r : rows.at(id))
+      if (seen.empty() || seen.back() != r["plugin"].get<int>()) seen.push_back(r["plugin"]);
+    return seen;
+  };
+  EXPECT_EQ(plugins_of("photo/cat"), std::vector<int>({0}));
+  EXPECT_EQ(plugins_of("speech/cards"), std::vector<int>({1}));
+  EXPECT_EQ(plugins_of("text/genesis"), std::vector<int>({2}));
+  EXPECT_EQ(plugins_of("protein/P38519"), std::vector<int>({3}));
+  EXPECT_EQ(plugins_of("captioned/cat"), std::vector<int>({0, 2}));
+  const nlohmann::json& photo = rows.at("photo/cat");
+  const nlohmann::json& captioned = rows.at("captioned/cat");
+  ASSERT_EQ(photo.size(), 197u);  // CLS + 14 x 14 patches
+  for (size_t i = 0; i < photo.size(); ++i) EXPECT_EQ(captioned[i], photo[i]) << i;
+  // "a tabby cat looks up at the camera": [CLS] a tab ##by cat looks up at the camera [SEP]
+  std::vector<int> caption;
+  for (size_t i = photo.size(); i < captioned.size(); ++i) caption.push_back(captioned[i]["token"]);
+  EXPECT_EQ(caption, std::vector<int>({101, 1037, 21628, 3762, 4937, 3504, 2039, 2012, 1996, 4950, 102}));
+  EXPECT_EQ(captioned[photo.size() + 2]["bytes"], nlohmann::json::array({2, 5}));  // "tab"
+  const nlohmann::json& protein = rows.at("protein/P38519");
+  ASSERT_EQ(protein.size(), 107u + 2);
+  EXPECT_EQ(protein.front()["token"], 30522 + 0);  // <cls>
+  EXPECT_EQ(protein[1]["token"], 30522 + 20);      // M
+  EXPECT_EQ(protein[1]["residues"], nlohmann::json::array({0, 1}));
+  EXPECT_EQ(protein.back()["token"], 30522 + 2);   // <eos>
+  for (const auto& r : rows.at("speech/cards")) {
+    EXPECT_FALSE(r.contains("token"));
+    EXPECT_TRUE(r.contains("seconds") && r.contains("mel_bands")) << r;
+  }
+  // The caption changes the photo's vector.
+  double diff = 0;
+  for (int64_t c = 0; c < 64; ++c) diff += std::abs(emb.at({0, c}) - emb.at({9, c}));
+  EXPECT_GT(diff, 1e-3);
+  // Heatmaps for every item: two heads of layer 1.
+  int pngs = 0;
+  for (const auto& f : fs::directory_iterator(d + "/run/attention")) pngs += f.path().extension() == ".png";
+  EXPECT_EQ(pngs, 20);
+}
+
+TEST(Multimodal, EachPluginHasItsOwnBlockOfTheStem) {
+  tsr_encoder_info text{}, image{}, protein{}, audio{};
+  text.rows_kind = protein.rows_kind = TSR_ROWS_IDS;
+  image.rows_kind = audio.rows_kind = TSR_ROWS_FEATURES;
+  text.vocab_size = 30522, protein.vocab_size = 33, image.width = 768, audio.width = 256;
+  const StemLayout L = stem_layout({image, audio, text, protein});
+  EXPECT_EQ(L.id_offset, std::vector<int64_t>({0, 0, 0, 30522}));
+  EXPECT_EQ(L.column, std::vector<int64_t>({0, 768, 0, 0}));
+  EXPECT_EQ(L.vocab, 30555);
+  EXPECT_EQ(L.width, 1024);
+
+  // A model too small for the blocks is refused at the key that must grow, with the layout.
+  const std::string d = temp_dir("layout");
+  fs::copy(fs::path(kQuickstart).parent_path() / "quickstart", d + "/quickstart");
+  const std::string yaml = slurp(kQuickstart);
+  for (const auto& [edit, want] : std::vector<std::pair<std::string, std::string>>{
+           {"vocab_size: 30522,",
+            "model.stem.vocab_size: the token plugins' ids take 30555 embedding rows (text "
+            "0..30521, protein 30522..30554), more than vocab_size 30522 (each token plugin has its own block of ids: "
+            "raise vocab_size to at least 30555)"},
+           {"n_features: 768,",
+            "model.stem.n_features: the feature plugins' rows fill 1024 columns (image 0..767, "
+            "audio 768..1023), but the model reads 768 (each feature plugin has its own columns: make n_features "
+            "their sum, 1024)"}}) {
+    std::string text = yaml;
+    const std::string key = edit.substr(0, edit.find(':'));
+    const size_t at = text.find(key + ": ");
+    text.replace(at, text.find(',', at) + 1 - at, edit);
+    const size_t bol = text.rfind('\n', at) + 1;
+    const std::string place = "q.yaml:" + std::to_string(std::count(text.begin(), text.begin() + static_cast<long>(at), '\n') + 1) +
+                              ":" + std::to_string(at - bol + 1) + ": ";
+    write(d + "/q.yaml", text);
+    Diagnostics diags;
+    std::optional<Experiment> e = load_experiment(d + "/q.yaml", {}, &diags);
+    ASSERT_TRUE(e) << diags.str();
+    check_plugins_fit(*e, &diags);
+    EXPECT_NE(diags.str().find(place + want), std::string::npos) << place << "\n" << diags.str();
+  }
+}
+
+TEST(Multimodal, ItemsWithoutSomeInputsNeedAllowMissing) {
+  const std::string d = temp_dir("missing");
+  fs::copy(fs::path(kQuickstart).parent_path() / "quickstart", d + "/quickstart");
+  write(d + "/quickstart/items.csv",
+        "id,image,audio,text,protein\nboth,cat.jpg,,a cat,\nnone,,,,\ntext,,,a line,\n");
+  fs::copy_file(kQuickstart, d + "/q.yaml");
+  for (bool allow : {true, false}) {
+    LoadOptions o;
+    o.overrides = {std::string("data.allow_missing=") + (allow ? "true" : "false"), "task.attention.layers=[]"};
+    Diagnostics diags;
+    std::optional<Experiment> e = load_experiment(d + "/q.yaml", o, &diags);
+    ASSERT_TRUE(e) << diags.str();
+    RunOptions ro;
+    ro.out_dir = d + "/run" + (allow ? "1" : "0");
+    ro.progress = false;
+    Result<RunSummary> r = run_experiment(*e, ro);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    const std::vector<nlohmann::json> errors = jsonl(ro.out_dir + "/errors.jsonl");
+    if (allow) {
+      EXPECT_EQ(r->sequences, 2);
+      ASSERT_EQ(errors.size(), 1u);
+      EXPECT_EQ(errors[0]["id"], "none");
+      EXPECT_EQ(errors[0]["file"], d + "/quickstart/items.csv");
+      EXPECT_NE(errors[0]["reason"].get<std::string>().find(
+                    "no input for any plugin (give at least one of the fields `image`, `audio`, `text`, `protein`)"),
+                std::string::npos)
+          << errors[0];
+    } else {
+      EXPECT_EQ(r->sequences, 0);
+      ASSERT_EQ(errors.size(), 3u);
+      EXPECT_NE(errors[0]["reason"].get<std::string>().find(
+                    "items.csv:2: no input for plugin audio (give a `audio` field; or set data.allow_missing: true to "
+                    "encode items from the inputs they have)"),
+                std::string::npos)
+          << errors[0];
+      EXPECT_EQ(errors[0]["file"], d + "/quickstart/items.csv");
+    }
+  }
 }

@@ -191,6 +191,7 @@ struct DataConfig {
   Location where;
   DataFormat format = DataFormat::auto_detect;  // resolved by the runner from the path
   int64_t limit = 0;  // at most this many items; 0 = all
+  bool allow_missing = false;  // manifests: an item may lack some plugins' inputs (at least one given)
 };
 
 struct AttentionExportConfig {

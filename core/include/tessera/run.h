@@ -42,14 +42,17 @@ struct ItemPart {
   std::string text;           // inline text (manifests)
   uint64_t offset = 0, length = 0;
   uint32_t line = 0;          // the text's first line in `path` (1-based), 0 when not from a file
+  bool missing = false;       // no input for this plugin (a manifest with data.allow_missing)
 };
 
 struct DataItem {
   std::string id;                 // stable and unique: "cats/tabby.jpg", "uniprot.fasta#12", "kjv.txt:17"
   std::string name;               // a human name when the format has one (FASTA record name), else ""
-  std::vector<ItemPart> parts;    // one per plugin, in plugin order
+  std::vector<ItemPart> parts;    // one per plugin, in plugin order (some `missing` if allowed)
   std::optional<std::string> label;  // from a manifest's label column
   std::string error;                 // non-empty: the item is broken before any plugin sees it
+  std::string source;                // the manifest that listed the item (for errors), else ""
+
 };
 
 // Lists a dataset's items (format auto-detected unless given). `plugins` say which inputs each item
@@ -88,6 +91,19 @@ struct RunSummary {
 // not fit the model, a run folder in the way, a resume that does not match) come back as a status;
 // bad items do not: they are counted in the summary.
 Result<RunSummary> run_experiment(const Experiment& exp, const RunOptions& options);
+
+// How several plugins share one model stem (a multimodal sequence): each token plugin's ids get
+// their own block of embedding rows, after the earlier token plugins' vocabularies; each feature
+// plugin's rows their own columns of the stem's input, after the earlier feature plugins' widths,
+// zero elsewhere. One shared projection over disjoint columns is exactly one projection per
+// modality, and so is one table over disjoint id blocks. With a single plugin every offset is 0.
+struct StemLayout {
+  std::vector<int64_t> id_offset;  // per plugin: added to its ids (token plugins)
+  std::vector<int64_t> column;     // per plugin: its first column (feature plugins)
+  int64_t vocab = 0;               // embedding rows the token plugins need in all
+  int64_t width = 0;               // columns the feature plugins fill in all
+};
+StemLayout stem_layout(const std::vector<tsr_encoder_info>& plugins);
 
 // Problems between the experiment's plugins and its model (row kinds, vocabulary, feature width,
 // modalities), as diagnostics at the plugin's place in the YAML. Creates one encoder per plugin.

@@ -1033,6 +1033,10 @@ std::vector<KeyRule> build_rules() {
                        ".fasta/.fa/.faa, else lines of text",
                        FIELD(data.format)));
   r.push_back(int_key("data.limit", kNonNegative, "0", "read at most this many items; 0 = all", FIELD(data.limit)));
+  r.push_back(bool_key("data.allow_missing", "false",
+                       "manifests with several plugins: an item may leave some plugins' columns empty and is "
+                       "encoded from the inputs it has (at least one); false: such an item is a bad item",
+                       FIELD(data.allow_missing)));
   r.push_back(enum_key("task.kind", kTaskNames, "embed",
                        "embed: one pooled vector per item; hidden: every row's state; classify: top-k classes; "
                        "score: next-token probabilities and the sequence's log-likelihood",

@@ -247,7 +247,7 @@ bool next_csv_record(const std::string& s, size_t* pos, uint32_t* line, std::vec
 
 // Builds an item from a manifest row given as name -> value.
 DataItem manifest_item(const std::map<std::string, std::string>& row, const std::vector<PluginInput>& plugins,
-                       const fs::path& dir, const std::string& default_id) {
+                       const fs::path& dir, const std::string& default_id, bool allow_missing) {
   DataItem it;
   auto get = [&](const std::string& k) -> const std::string* {
     auto f = row.find(k);
@@ -263,9 +263,16 @@ DataItem manifest_item(const std::map<std::string, std::string>& row, const std:
       if ((v = get("path"))) is_path = true;
       else if ((v = get("text"))) is_path = false;
     }
+    if ((!v || v->empty()) && allow_missing && plugins.size() > 1) {
+      part.missing = true;
+      it.parts.push_back(part);
+      continue;
+    }
     if (!v || v->empty()) {
       it.error = default_id + ": no input for plugin " + p.name + " (give a `" + p.name + "` field" +
-                 (plugins.size() == 1 ? ", or `path` or `text`" : "") + ")";
+                 (plugins.size() == 1 ? ", or `path` or `text`"
+                                      : "; or set data.allow_missing: true to encode items from the inputs they have") +
+                 ")";
       return it;
     }
     if (is_path) {
@@ -286,10 +293,16 @@ DataItem manifest_item(const std::map<std::string, std::string>& row, const std:
     }
     it.parts.push_back(part);
   }
+  if (std::all_of(it.parts.begin(), it.parts.end(), [](const ItemPart& q) { return q.missing; })) {
+    std::string names;
+    for (const PluginInput& p : plugins) names += (names.empty() ? "`" : ", `") + p.name + "`";
+    it.error = default_id + ": no input for any plugin (give at least one of the fields " + names + ")";
+  }
   return it;
 }
 
-Result<std::vector<DataItem>> read_manifest(const std::string& path, const std::vector<PluginInput>& plugins) {
+Result<std::vector<DataItem>> read_manifest(const std::string& path, const std::vector<PluginInput>& plugins,
+                                            bool allow_missing) {
   Result<std::string> text = read_file(path);
   if (!text.ok()) return text.status();
   const fs::path dir = fs::path(path).parent_path();
@@ -315,7 +328,7 @@ Result<std::vector<DataItem>> read_manifest(const std::string& path, const std::
       }
       std::map<std::string, std::string> row;
       for (auto& [k, v] : j.items()) row[k] = v.is_string() ? v.get<std::string>() : v.dump();
-      items.push_back(manifest_item(row, plugins, dir, id));
+      items.push_back(manifest_item(row, plugins, dir, id, allow_missing));
     }
   } else {
     size_t pos = 0;
@@ -338,11 +351,12 @@ Result<std::vector<DataItem>> read_manifest(const std::string& path, const std::
       }
       std::map<std::string, std::string> row;
       for (size_t i = 0; i < header.size(); ++i) row[header[i]] = fields[i];
-      items.push_back(manifest_item(row, plugins, dir, id));
+      items.push_back(manifest_item(row, plugins, dir, id, allow_missing));
     }
     if (!error.empty()) return Status::ParseError(path + ": " + error);
   }
   if (items.empty()) return Status::NotFound(path + ": the manifest lists no items");
+  for (DataItem& it : items) it.source = path;
   return items;
 }
 
@@ -364,7 +378,7 @@ Result<std::vector<DataItem>> read_dataset(const DataConfig& data, const std::ve
       TSR_RETURN_IF_ERROR(one_plugin(plugins, "glob"));
       items = read_glob(data.path, plugins[0]);
       break;
-    case DataFormat::manifest: items = read_manifest(data.path, plugins); break;
+    case DataFormat::manifest: items = read_manifest(data.path, plugins, data.allow_missing); break;
     case DataFormat::fasta:
       TSR_RETURN_IF_ERROR(one_plugin(plugins, "FASTA"));
       if (plugins[0].kind != TSR_INPUT_TEXT)

@@ -38,6 +38,7 @@ struct Sequence {
   TokenRows rows;
   std::vector<uint8_t> kinds;      // per row: 0 token row, 1 feature row
   std::vector<int32_t> modality;   // per row: the plugin it came from
+  int64_t picture_begin = 0, picture_end = -1;  // the rows of the plugin that drew rows.picture; -1: all
 };
 
 struct ItemError {
@@ -101,11 +102,13 @@ json provenance_json(const Sequence& s) {
     const tsr_provenance& p = s.rows.provenance[static_cast<size_t>(i)];
     json r = {{"role", role_name(s.rows.roles[static_cast<size_t>(i)])},
               {"pos", {s.rows.positions[static_cast<size_t>(i)][0], s.rows.positions[static_cast<size_t>(i)][1]}}};
+    const bool token_row = s.kinds.empty() ? s.rows.kind == TSR_ROWS_IDS : s.kinds[static_cast<size_t>(i)] == 0;
+    if (token_row && !s.rows.ids.empty()) r["token"] = s.rows.ids[static_cast<size_t>(i)];  // as the model sees it
     switch (p.kind) {
-      case TSR_PROV_BYTES: r["bytes"] = {p.x0, p.x1}; break;
+      case TSR_PROV_BYTES: r["bytes"] = {static_cast<int64_t>(p.x0), static_cast<int64_t>(p.x1)}; break;
       case TSR_PROV_PIXELS: r["pixels"] = {p.x0, p.y0, p.x1, p.y1}; break;
       case TSR_PROV_TIME_FREQ: r["seconds"] = {p.x0, p.x1}, r["mel_bands"] = {p.y0, p.y1}; break;
-      case TSR_PROV_RESIDUE: r["residues"] = {p.x0, p.x1}; break;
+      case TSR_PROV_RESIDUE: r["residues"] = {static_cast<int64_t>(p.x0), static_cast<int64_t>(p.x1)}; break;
       default: break;
     }
     if (!s.modality.empty()) r["plugin"] = s.modality[static_cast<size_t>(i)];
@@ -147,10 +150,23 @@ class Progress {
 // ---------------------------------------------------------------------------------------------
 // Plugins against the model
 
+StemLayout stem_layout(const std::vector<tsr_encoder_info>& plugins) {
+  StemLayout L;
+  for (const tsr_encoder_info& p : plugins) {
+    L.id_offset.push_back(p.rows_kind == TSR_ROWS_IDS ? L.vocab : 0);
+    L.column.push_back(p.rows_kind == TSR_ROWS_FEATURES ? L.width : 0);
+    if (p.rows_kind == TSR_ROWS_IDS) L.vocab += p.vocab_size;
+    else L.width += p.width;
+  }
+  return L;
+}
+
 void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
   const ModelConfig& m = exp.model;
   const StemConfig& s = m.stem;
   std::set<uint32_t> kinds;
+  const bool several = exp.plugins.size() > 1;
+  std::vector<std::pair<std::string, tsr_encoder_info>> infos;  // the plugins that loaded
   for (size_t i = 0; i < exp.plugins.size(); ++i) {
     const PluginConfig& pc = exp.plugins[i];
     const std::string key = "plugins[" + std::to_string(i) + "]";
@@ -175,12 +191,13 @@ void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
     }
     const tsr_encoder_info& info = e->info();
     kinds.insert(info.rows_kind);
+    infos.emplace_back(pc.name, info);
     const std::string who = "plugin " + pc.name;
     if (info.rows_kind == TSR_ROWS_IDS) {
       if (s.kind != StemKind::tokens && s.kind != StemKind::mixed)
         diags->add(pc.where, key, who + " gives token ids, but model.stem.kind is " + stem_kind_name(s.kind),
                    "use stem.kind tokens (or mixed with feature plugins)");
-      else if (info.vocab_size > s.vocab_size)
+      else if (info.vocab_size > s.vocab_size && !several)
         diags->add(pc.where, key,
                    who + "'s vocabulary has " + std::to_string(info.vocab_size) + " ids, more than model.stem.vocab_size (" +
                        std::to_string(s.vocab_size) + ")",
@@ -190,7 +207,7 @@ void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
       if (s.kind == StemKind::tokens)
         diags->add(pc.where, key, who + " gives feature rows, but model.stem.kind is tokens",
                    "use stem.kind features (or mixed with token plugins)");
-      else if (static_cast<int64_t>(info.width) != F)
+      else if (static_cast<int64_t>(info.width) != F && !several)
         diags->add(pc.where, key,
                    who + "'s rows are " + std::to_string(info.width) + " wide, but the model reads " + std::to_string(F) +
                        (s.kind == StemKind::identity ? " (d_model)" : " (model.stem.n_features)"),
@@ -202,6 +219,33 @@ void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
                  who + " can give " + std::to_string(info.max_rows) + " rows, more than model.positions.max_len (" +
                      std::to_string(m.positions.max_len) + ")",
                  "lower the plugin's maximum length, or raise positions.max_len");
+  }
+  // Several plugins share the stem in disjoint parts: ids after the earlier token plugins'
+  // vocabularies, features in columns after the earlier feature plugins' widths (see layout).
+  if (several && infos.size() == exp.plugins.size()) {
+    std::vector<tsr_encoder_info> only;
+    for (const auto& [name, info] : infos) only.push_back(info);
+    const StemLayout L = stem_layout(only);
+    std::string ids, cols;
+    for (size_t i = 0; i < infos.size(); ++i) {
+      const tsr_encoder_info& info = infos[i].second;
+      std::string& to = info.rows_kind == TSR_ROWS_IDS ? ids : cols;
+      const int64_t at = info.rows_kind == TSR_ROWS_IDS ? L.id_offset[i] : L.column[i];
+      const int64_t n = info.rows_kind == TSR_ROWS_IDS ? info.vocab_size : info.width;
+      to += (to.empty() ? "" : ", ") + infos[i].first + " " + std::to_string(at) + ".." + std::to_string(at + n - 1);
+    }
+    if (L.vocab > 0 && L.vocab > s.vocab_size && (s.kind == StemKind::tokens || s.kind == StemKind::mixed))
+      diags->add(exp.where("model.stem.vocab_size"), "model.stem.vocab_size",
+                 "the token plugins' ids take " + std::to_string(L.vocab) + " embedding rows (" + ids +
+                     "), more than vocab_size " + std::to_string(s.vocab_size),
+                 "each token plugin has its own block of ids: raise vocab_size to at least " + std::to_string(L.vocab));
+    const int64_t F = s.kind == StemKind::identity ? m.d_model : s.n_features;
+    if (L.width > 0 && L.width != F && s.kind != StemKind::tokens)
+      diags->add(exp.where(s.kind == StemKind::identity ? "model.d_model" : "model.stem.n_features"),
+                 s.kind == StemKind::identity ? "model.d_model" : "model.stem.n_features",
+                 "the feature plugins' rows fill " + std::to_string(L.width) + " columns (" + cols + "), but the model reads " +
+                     std::to_string(F),
+                 "each feature plugin has its own columns: make n_features their sum, " + std::to_string(L.width));
   }
   if (kinds.size() > 1 && s.kind != StemKind::mixed)
     diags->add(exp.where("model.stem.kind"), "model.stem.kind",
@@ -238,6 +282,7 @@ class Runner {
   std::optional<Model> model_;
   std::vector<std::shared_ptr<const Plugin>> plugins_;
   std::vector<std::vector<Encoder>> encoders_;  // [worker][plugin]
+  StemLayout layout_;                            // where each plugin's ids and columns go
   std::vector<DataItem> items_;
   std::vector<std::string> class_names_;
   fs::path dir_;
@@ -266,6 +311,9 @@ Status Runner::setup() {
       if (!e.ok()) return e.status();
       encoders_[static_cast<size_t>(w)].push_back(std::move(e).value());
     }
+  std::vector<tsr_encoder_info> infos;
+  for (const Encoder& e : encoders_[0]) infos.push_back(e.info());
+  layout_ = stem_layout(infos);
   set_num_threads(exp_.runtime.threads);
   Result<Model> m = Model::build(exp_.model);
   if (!m.ok()) return m.status().with_prefix(exp_.file);
@@ -399,10 +447,13 @@ void Runner::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch
   auto fail = [&](const std::string& file, const std::string& reason) {
     out->errors.push_back({index, item.id, file, reason});
   };
-  if (!item.error.empty()) return fail(item.parts.empty() ? std::string() : item.parts[0].path, item.error);
-  std::vector<std::vector<TokenRows>> per_plugin;
+  if (!item.error.empty())
+    return fail(!item.source.empty() ? item.source : item.parts.empty() ? std::string() : item.parts[0].path, item.error);
+  std::vector<std::vector<TokenRows>> per_plugin(encs.size());
+  std::vector<size_t> given;  // the plugins with an input for this item
   for (size_t p = 0; p < encs.size(); ++p) {
     const ItemPart& part = item.parts[p];
+    if (part.missing) continue;
     Result<std::string> bytes = item_bytes(part);
     if (!bytes.ok()) return fail(part.path, bytes.status().message());
     PluginItem pi;
@@ -413,60 +464,78 @@ void Runner::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch
     pi.source_line = part.line;
     Result<std::vector<TokenRows>> rows = encs[p].encode(pi);
     if (!rows.ok()) return fail(part.path, rows.status().message());
-    per_plugin.push_back(std::move(rows).value());
+    per_plugin[p] = std::move(rows).value();
+    given.push_back(p);
   }
   const bool mixed = exp_.model.stem.kind == StemKind::mixed;
   const bool modal = exp_.model.stem.modalities > 0;
-  if (per_plugin.size() == 1) {
-    for (TokenRows& r : per_plugin[0]) {
+  const bool several = encs.size() > 1;
+  const int64_t F = exp_.model.stem.kind == StemKind::identity ? exp_.model.d_model : exp_.model.stem.n_features;
+  // Appends plugin p's rows to c in the stem's layout: ids shifted into its block, features into
+  // its columns.
+  auto append = [&](Sequence& s, size_t p, const TokenRows& r) {
+    TokenRows& c = s.rows;
+    const int64_t at = c.size(), n = r.size();
+    if (r.kind == TSR_ROWS_FEATURES && !c.features.defined() && at == 0 && !several) {
+      c = r;  // one plugin: the rows as they are
+    } else {
+      if (r.kind == TSR_ROWS_FEATURES || c.features.defined()) {
+        Tensor f = Tensor::zeros({at + n, F});
+        if (c.features.defined() && at > 0) f.slice(0, 0, at).copy_from(c.features);
+        if (r.kind == TSR_ROWS_FEATURES) {
+          const int64_t col = layout_.column[p];
+          f.slice(0, at, at + n).slice(1, col, col + r.features.dim(1)).copy_from(r.features);
+        }
+        c.features = f;
+        c.kind = TSR_ROWS_FEATURES;
+      } else {
+        c.kind = TSR_ROWS_IDS;
+      }
+      c.ids.resize(static_cast<size_t>(at + n), 0);
+      if (r.kind == TSR_ROWS_IDS)
+        for (int64_t i = 0; i < n; ++i)
+          c.ids[static_cast<size_t>(at + i)] = r.ids[static_cast<size_t>(i)] + static_cast<int32_t>(layout_.id_offset[p]);
+      c.positions.insert(c.positions.end(), r.positions.begin(), r.positions.end());
+      c.roles.insert(c.roles.end(), r.roles.begin(), r.roles.end());
+      c.provenance.insert(c.provenance.end(), r.provenance.begin(), r.provenance.end());
+      if (c.picture.width == 0 && r.picture.width > 0) {
+        c.picture = r.picture;
+        c.grid_rows = r.grid_rows;
+        c.grid_cols = r.grid_cols;
+        s.picture_begin = at;
+        s.picture_end = at + n;
+      }
+    }
+    s.kinds.insert(s.kinds.end(), static_cast<size_t>(n), r.kind == TSR_ROWS_FEATURES ? 1 : 0);
+    s.modality.insert(s.modality.end(), static_cast<size_t>(n), static_cast<int32_t>(p));
+  };
+  auto finish = [&](Sequence& s) {
+    if (!modal) s.modality.clear();
+    if (!mixed) s.kinds.clear();
+    out->seqs.push_back(std::move(s));
+  };
+  if (given.size() == 1) {  // one input: each of its sequences (windows) is a sequence
+    const size_t p = given[0];
+    for (TokenRows& r : per_plugin[p]) {
       Sequence s;
       s.item = index;
       s.id = r.label.empty() ? item.id : item.id + "/" + r.label;
-      if (mixed) s.kinds.assign(static_cast<size_t>(r.size()), r.kind == TSR_ROWS_FEATURES ? 1 : 0);
-      if (modal) s.modality.assign(static_cast<size_t>(r.size()), 0);
-      s.rows = std::move(r);
-      out->seqs.push_back(std::move(s));
+      append(s, p, r);
+      finish(s);
     }
     return;
   }
-  // Several plugins: one sequence, their rows one after another.
+  // Several inputs: one sequence, their rows one after another.
   Sequence s;
   s.item = index;
   s.id = item.id;
-  int64_t n = 0, F = 0;
-  for (size_t p = 0; p < per_plugin.size(); ++p) {
+  for (size_t p : given) {
     if (per_plugin[p].size() != 1)
       return fail(item.parts[p].path, "plugin " + plugins_[p]->name() + " gave " + std::to_string(per_plugin[p].size()) +
                                           " sequences; in a multimodal sequence each plugin gives one");
-    n += per_plugin[p][0].size();
-    if (per_plugin[p][0].kind == TSR_ROWS_FEATURES) F = per_plugin[p][0].features.dim(1);
   }
-  TokenRows& c = s.rows;
-  c.kind = F > 0 ? TSR_ROWS_FEATURES : TSR_ROWS_IDS;
-  c.ids.assign(static_cast<size_t>(n), 0);
-  if (F > 0) c.features = Tensor::zeros({n, F});
-  int64_t at = 0;
-  for (size_t p = 0; p < per_plugin.size(); ++p) {
-    const TokenRows& r = per_plugin[p][0];
-    for (int64_t i = 0; i < r.size(); ++i, ++at) {
-      const size_t u = static_cast<size_t>(i);
-      if (r.kind == TSR_ROWS_IDS) c.ids[static_cast<size_t>(at)] = r.ids[u];
-      else c.features.select(0, at).copy_from(r.features.select(0, i));
-      c.positions.push_back(r.positions[u]);
-      c.roles.push_back(r.roles[u]);
-      c.provenance.push_back(r.provenance[u]);
-      s.kinds.push_back(r.kind == TSR_ROWS_FEATURES ? 1 : 0);
-      s.modality.push_back(static_cast<int32_t>(p));
-    }
-    if (c.picture.width == 0 && r.picture.width > 0) {
-      c.picture = r.picture;
-      c.grid_rows = r.grid_rows;
-      c.grid_cols = r.grid_cols;
-    }
-  }
-  if (!modal) s.modality.clear();
-  if (!mixed) s.kinds.clear();
-  out->seqs.push_back(std::move(s));
+  for (size_t p : given) append(s, p, per_plugin[p][0]);
+  finish(s);
 }
 
 EncodedBatch Runner::encode_batch(int64_t k) {
@@ -524,7 +593,14 @@ Status Runner::write_attention(const Sequence& s, int64_t b, int64_t start, cons
         for (int64_t r = 0; r < n; ++r)
           if (q < 0 || r == q)
             for (int64_t j = 0; j < n; ++j) wrow[static_cast<size_t>(j)] += a[r * n + j];
-        img = run::heatmap_over_picture(s.rows, wrow);
+        if (s.picture_end < 0) {
+          img = run::heatmap_over_picture(s.rows, wrow);
+        } else {  // a multimodal sequence: only the rows of the plugin that drew the picture
+          TokenRows on = s.rows;
+          for (int64_t r = 0; r < n; ++r)
+            if (r < s.picture_begin || r >= s.picture_end) on.provenance[static_cast<size_t>(r)].kind = TSR_PROV_NONE;
+          img = run::heatmap_over_picture(on, wrow);
+        }
       } else {
         img = run::heatmap_matrix(a, static_cast<int>(n));
       }
