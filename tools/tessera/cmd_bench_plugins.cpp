@@ -376,10 +376,6 @@ int run_plugin_bench(const PluginBenchArgs& a) {
   }
   if (missing > 0) return kExitBadInput;
 
-  std::printf(
-      "# plugin front ends, 1 thread: median of %d passes over each input after %d warm-up; files are "
-      "read into memory first\n",
-      a.reps, a.warmup);
   std::vector<std::vector<std::string>> rows{{"case", "input", "per pass", "items/s", "rows/s", "rate"}};
   nlohmann::json jcases = nlohmann::json::array();
   for (const Case* c : chosen) {
@@ -415,6 +411,10 @@ int run_plugin_bench(const PluginBenchArgs& a) {
                                {"rate", rate}};
     jcases.push_back(jc);
   }
+  std::printf(
+      "# plugin front ends, 1 thread: median of %d passes over each input after %d warm-up; files are "
+      "read into memory first\n",
+      a.reps, a.warmup);
   std::printf("%s", table(rows, 0).c_str());
   std::printf("\n# recipes\n");
   std::vector<std::vector<std::string>> recipes;
