@@ -4,10 +4,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
 
 #include "tessera/npy.h"
 
@@ -174,6 +179,93 @@ TEST(Cli, WeightsFileProblemsPointAtTheYamlKey) {
   // The same file with the matching config loads and runs.
   EXPECT_EQ(run_cli("forward configs/examples/transformer_layer.yaml --out " + dir + "tl --set model.weights.file=" +
                     weights).code, 0);
+}
+
+// The table's lines: "case  input  per pass  items/s  rows/s  rate", between the header and the
+// first blank line. Checks the figures are there and positive, never how fast they are.
+TEST(Cli, BenchPluginsGivesEachFrontEndAPositiveRate) {
+  const std::string json = ::testing::TempDir() + "tessera_cli_bench_plugins.json";
+  std::filesystem::remove(json);
+  const Ran r = run_cli("bench --plugins --reps 1 --warmup 1 --json " + json);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "1 thread")) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  while (std::getline(lines, line) && line.rfind("case ", 0) != 0) {
+  }
+  const std::regex row(
+      R"(^(\S+) +(.+?) +([0-9.]+) ms +([0-9.,]+) +([0-9,]+) +([0-9.,]+) (images/s|s of audio/s|MB/s)$)");
+  std::map<std::string, std::string> units;  // case -> rate unit
+  while (std::getline(lines, line) && !line.empty()) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, row)) << line;
+    auto number = [](std::string s) {
+      s.erase(std::remove(s.begin(), s.end(), ','), s.end());
+      return std::stod(s);
+    };
+    EXPECT_GT(number(m[3]), 0) << line;  // ms per pass
+    EXPECT_GT(number(m[4]), 0) << line;  // items/s
+    EXPECT_GT(number(m[5]), 0) << line;  // rows/s
+    EXPECT_GT(number(m[6]), 0) << line;  // the modality's rate
+    EXPECT_TRUE(units.emplace(m[1], m[7]).second) << "twice: " << line;
+  }
+  const std::map<std::string, std::string> expected = {
+      {"image/vit224", "images/s"},  {"audio/whisper", "s of audio/s"},
+      {"audio/ast", "s of audio/s"}, {"protein/esm2", "MB/s"},
+      {"text/bpe", "MB/s"},          {"text/wordpiece", "MB/s"},
+      {"text/bytes", "MB/s"}};
+  EXPECT_EQ(units, expected) << r.out;
+  EXPECT_TRUE(has(r.out, "chelsea.jpg: 1 JPEG, 451x300")) << r.out;
+  EXPECT_TRUE(has(r.out, "librivox_0880.wav: 1 file, 2.99 s")) << r.out;
+  EXPECT_TRUE(has(r.out, "corpus.txt: 10,194 lines")) << r.out;
+
+  std::ifstream f(json);
+  ASSERT_TRUE(f.good()) << json;
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["threads"], 1);
+  ASSERT_EQ(j["cases"].size(), expected.size());
+  for (const auto& c : j["cases"]) {
+    EXPECT_GT(c["rate"].get<double>(), 0) << c.dump();
+    EXPECT_GT(c["items_per_s"].get<double>(), 0) << c.dump();
+    EXPECT_EQ(c["times_s"].size(), 1u) << c.dump();
+    // Sizes, not speeds: one image, the clip's 2.99 s (47,840 samples at 16 kHz), the corpus's lines.
+    if (c["case"] == "image/vit224") {
+      EXPECT_EQ(c["items_per_pass"], 1);
+      EXPECT_EQ(c["rows_per_pass"], 197);
+    }
+    if (c["plugin"] == "audio") {
+      EXPECT_NEAR(c["units_per_pass"].get<double>(), 2.99, 1e-9) << c.dump();
+    }
+    if (c["plugin"] == "text") {
+      EXPECT_EQ(c["items_per_pass"], 10194);
+    }
+  }
+}
+
+TEST(Cli, BenchPluginsNamesTheMissingInput) {
+  const Ran given = run_cli("bench --plugins --only image --input image=/no/such/cat.jpg");
+  EXPECT_EQ(given.code, 2);
+  EXPECT_TRUE(has(given.err, "image/vit224: --input image=/no/such/cat.jpg: no such file or directory"))
+      << given.err;
+  const Ran installed = run_cli("bench --plugins --only text/bpe --data /no/such/data");
+  EXPECT_EQ(installed.code, 2);
+  EXPECT_TRUE(has(installed.err,
+                  "text/bpe: its default input /no/such/data/text/corpus.txt (a text file, one item "
+                  "per line) is missing; pass --input text=PATH"))
+      << installed.err;
+  EXPECT_TRUE(has(installed.err, "pass --input gpt2-vocab=PATH")) << installed.err;
+  EXPECT_TRUE(has(installed.err, "pass --input gpt2-merges=PATH")) << installed.err;
+  const Ran role = run_cli("bench --plugins --input picture=cat.jpg");
+  EXPECT_EQ(role.code, 2);
+  EXPECT_TRUE(has(role.err, "--input picture=cat.jpg: expected ROLE=PATH with ROLE one of image, audio"))
+      << role.err;
+  const Ran only = run_cli("bench --plugins --only video");
+  EXPECT_EQ(only.code, 2);
+  EXPECT_TRUE(has(only.err, "--only video: no such case or plugin")) << only.err;
+  const Ran neither = run_cli("bench");
+  EXPECT_EQ(neither.code, 2);
+  EXPECT_TRUE(has(neither.err, "give an experiment YAML to time its model, or --plugins")) << neither.err;
+  EXPECT_EQ(run_cli("bench configs/bench/vit_b16.yaml --plugins").code, 2);
 }
 
 TEST(Cli, HelpForEverySubcommand) {

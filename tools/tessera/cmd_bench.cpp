@@ -1,6 +1,7 @@
 // `tessera bench`: time a model's forward pass on random inputs of a chosen shape — warm-up, then
 // the median of N runs — and relate it to this machine's f32 matmul peak, measured in the same
 // run. A benchmark, not a test: figures go to stdout (and --json), nothing is asserted.
+// `tessera bench --plugins` times the modality plugins' front ends instead (cmd_bench_plugins.cpp).
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "bench_plugins.h"
 #include "commands.h"
 #include "common.h"
 #include "tessera/fileio.h"
@@ -25,17 +27,9 @@ struct BenchArgs {
   int reps = 0, warmup = -1, threads = -1;
   bool no_peak = false;
   uint64_t seed = 0;
+  bool plugins = false;
+  PluginBenchArgs plugin_args;  // --input, --only, --data
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // This machine's f32 matmul rate now: a 2048³ oneDNN matmul, median of 5 after one warm-up.
 double measure_matmul_peak() {
@@ -54,6 +48,19 @@ double measure_matmul_peak() {
 }
 
 int run_bench(const BenchArgs& a) {
+  if (a.plugins) {
+    PluginBenchArgs p = a.plugin_args;
+    p.json = a.json;
+    if (a.reps > 0) p.reps = a.reps;
+    if (a.warmup >= 0) p.warmup = a.warmup;
+    return run_plugin_bench(p);
+  }
+  if (a.file.empty()) {
+    std::fprintf(stderr,
+                 "tessera bench: give an experiment YAML to time its model, or --plugins to time the "
+                 "modality plugins' front ends\n");
+    return kExitBadInput;
+  }
   std::vector<std::string> overrides = a.overrides;
   if (a.threads >= 0) overrides.push_back("runtime.threads=" + std::to_string(a.threads));
   std::optional<Loaded> L = load_and_build(a.file, overrides);
@@ -136,17 +143,39 @@ int run_bench(const BenchArgs& a) {
 
 void add_bench_command(CLI::App& app, std::function<int()>* run) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* cmd = app.add_subcommand("bench", "Time a model's forward pass; compare with the machine's matmul peak");
-  cmd->add_option("file", args->file, "experiment YAML")->required();
-  cmd->add_option("--batch", args->batch, "items per batch (default: bench.batch)");
-  cmd->add_option("--seq-len", args->seq_len, "input rows per item (default: bench.seq_len)");
-  cmd->add_option("--reps", args->reps, "timed runs (default: bench.reps)");
-  cmd->add_option("--warmup", args->warmup, "untimed runs first (default: bench.warmup)");
-  cmd->add_option("--threads", args->threads, "intra-op threads (default: runtime.threads; 0 = all cores)");
-  cmd->add_option("--seed", args->seed, "seed of the random input")->capture_default_str();
-  cmd->add_flag("--no-peak", args->no_peak, "skip measuring the matmul peak");
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Time a model's forward pass and compare with the machine's matmul peak; or, with --plugins, time "
+      "the modality plugins' front ends on real files");
+  CLI::Option* file = cmd->add_option("file", args->file, "experiment YAML (not with --plugins)");
+  auto* batch = cmd->add_option("--batch", args->batch, "items per batch (default: bench.batch)");
+  auto* seq_len = cmd->add_option("--seq-len", args->seq_len, "input rows per item (default: bench.seq_len)");
+  cmd->add_option("--reps", args->reps, "timed runs (default: bench.reps; --plugins: 20 passes)");
+  cmd->add_option("--warmup", args->warmup,
+                  "untimed runs first (default: bench.warmup; --plugins: 2 passes)");
+  auto* threads = cmd->add_option("--threads", args->threads,
+                                  "intra-op threads (default: runtime.threads; 0 = all cores)");
+  auto* seed = cmd->add_option("--seed", args->seed, "seed of the random input")->capture_default_str();
+  auto* no_peak = cmd->add_flag("--no-peak", args->no_peak, "skip measuring the matmul peak");
   cmd->add_option("--json", args->json, "also write the figures to this file as one JSON object");
-  cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
+  auto* set = cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
+  PluginBenchArgs& p = args->plugin_args;
+  p.data_dir = default_bench_data_dir();
+  cmd->add_flag("--plugins", args->plugins,
+                "time the built-in plugins' front ends (image, audio, protein, text) on one thread instead "
+                "of a model")
+      ->excludes(file, batch, seq_len, threads, seed, no_peak, set);
+  cmd->add_option(
+      "--input", p.inputs,
+      "--plugins: ROLE=PATH, read PATH instead of the default file of ROLE (repeatable); roles: image, "
+      "audio (a file or a folder), protein (FASTA), text (lines), gpt2-vocab, gpt2-merges, bert-vocab");
+  cmd->add_option("--only", p.only,
+                  "--plugins: run only these cases or plugins (image, audio, audio/whisper, text/bpe, ...; "
+                  "repeatable)")
+      ->delimiter(',');
+  cmd->add_option("--data", p.data_dir,
+                  "--plugins: folder of the default inputs, laid out like the sources' tests/data")
+      ->capture_default_str();
   cmd->callback([args, run] { *run = [args] { return run_bench(*args); }; });
 }
 

@@ -1,6 +1,7 @@
 // Shared pieces of the subcommands; see common.h.
 #include "common.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -150,6 +151,16 @@ std::string fmt_flops(double v) {
     ++u;
   }
   return fmt(v, u == 0 ? 0 : 3, false) + " " + units[u];
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::string table(const std::vector<std::vector<std::string>>& rows, int indent) {

@@ -3,6 +3,7 @@
 // Results go to stdout; logs and errors to stderr.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,10 @@ std::string fmt(double v, int digits, bool fractions);
 std::string fmt_count(double v);  // 86,389,248
 std::string fmt_bytes(double v);  // 12.3 MiB
 std::string fmt_flops(double v);  // 280 FLOP, 3.5 MFLOP, 281 GFLOP
+
+// Timing (bench): seconds since t0 on the steady clock; the median of a non-empty list.
+double seconds_since(std::chrono::steady_clock::time_point t0);
+double median(std::vector<double> v);
 
 // Left-aligned columns, two spaces apart.
 std::string table(const std::vector<std::vector<std::string>>& rows, int indent = 2);
