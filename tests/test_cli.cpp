@@ -108,6 +108,35 @@ TEST(Cli, CheckPrintsResolvedConfigAndPlan) {
   EXPECT_TRUE(has(n.out, "attention scores per head    25  (n^2, n = 5)")) << n.out;
 }
 
+TEST(Cli, CheckEncodesAPluginExperimentsFirstItems) {
+  const Ran r = run_cli("check configs/experiments/quickstart.yaml");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "features, 768 wide columns 0..767, modality 0")) << r.out;
+  EXPECT_TRUE(has(r.out, "features, 256 wide columns 768..1023, modality 1")) << r.out;
+  EXPECT_TRUE(has(r.out, "ids, vocabulary 30522 ids 0..30521, modality 2")) << r.out;
+  EXPECT_TRUE(has(r.out, "ids, vocabulary 33 ids 30522..30554, modality 3")) << r.out;
+  EXPECT_TRUE(has(r.out, "quickstart/items.csv: 10 items; the first 10 encoded")) << r.out;
+  // photo/cat 197 rows; captioned/cat 197 + 11; Genesis 1:17 in word pieces 21.
+  EXPECT_TRUE(has(r.out, "rows per sequence min 21, median 120, max 208")) << r.out;
+  EXPECT_TRUE(has(r.out, "bad items 0")) << r.out;
+  EXPECT_TRUE(has(r.out, "# plan for 208 input rows per item (the longest of the first items), batch 4")) << r.out;
+  const Ran few = run_cli("check configs/experiments/quickstart.yaml --sample 3");
+  EXPECT_TRUE(has(few.out, "10 items; the first 3 encoded")) << few.out;
+  EXPECT_TRUE(has(few.out, "min 120, median 197, max 197")) << few.out;  // two photos, one clip
+
+  // Too short for the longest item: refused before anything runs, with what to change.
+  const Ran len = run_cli("check configs/experiments/quickstart.yaml --set model.positions.max_len=200");
+  EXPECT_EQ(len.code, 2);
+  EXPECT_TRUE(has(len.err, "a sequence of the first items has 208 rows, more than model.positions.max_len (200): its "
+                           "batch would fail. Raise max_len, or give the plugin a maximum length")) << len.err;
+  // Plugins that do not fit the model: the layout in the message, exit code 2.
+  const Ran fit = run_cli("check configs/experiments/quickstart.yaml --set model.stem.vocab_size=30522");
+  EXPECT_EQ(fit.code, 2);
+  EXPECT_TRUE(has(fit.err, "model.stem.vocab_size: the token plugins' ids take 30555 embedding rows (text 0..30521, "
+                           "protein 30522..30554), more than vocab_size 30522")) << fit.err;
+  EXPECT_TRUE(has(fit.err, "1 problem(s) between the plugins and the model")) << fit.err;
+}
+
 TEST(Cli, CheckPrintsTheNSquaredTable) {
   // The deck's table: n tokens, n^2 scores per head; doubling n multiplies the count by four.
   const std::pair<const char*, const char*> table[] = {

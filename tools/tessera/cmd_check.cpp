@@ -1,8 +1,12 @@
-// `tessera check`: validate an experiment (config, then weights against the model), print the
-// resolved config with every default filled in, and the plan: rows, parameters, FLOPs and
-// activation memory per item and per batch. It runs no forward pass.
+// `tessera check`: validate an experiment (config, then weights against the model, then its plugins
+// against the model and on the dataset's first items), print the resolved config with every default
+// filled in, and the plan: rows, parameters, FLOPs and activation memory per item and per batch. It
+// runs no forward pass and writes nothing.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+
+#include "tessera/run.h"
 
 #include "commands.h"
 #include "common.h"
@@ -14,24 +18,97 @@ namespace {
 struct CheckArgs {
   std::string file;
   std::vector<std::string> overrides;
-  int64_t seq_len = 0, batch = 0;
+  int64_t seq_len = 0, batch = 0, sample = 16;
   bool params = false;
 };
+
+// A plugin experiment: the plugins against the model, then the first items of the dataset encoded.
+// Prints what it found; returns false (after printing why) when the run would fail.
+bool check_plugins(const Experiment& e, const CheckArgs& a, std::string* report, int64_t* longest) {
+  Diagnostics diags;
+  check_plugins_fit(e, &diags);
+  if (!diags.empty()) {
+    std::fprintf(stderr, "%s\n", diags.str().c_str());
+    std::fprintf(stderr, "tessera: %zu problem(s) between the plugins and the model in %s; nothing was run\n",
+                 diags.size(), a.file.c_str());
+    return false;
+  }
+  std::vector<tsr_encoder_info> infos;
+  std::vector<std::vector<std::string>> rows;
+  for (const PluginConfig& pc : e.plugins) {
+    Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
+    Result<Encoder> enc = p.ok() ? Encoder::create(*p, pc.options) : Result<Encoder>(p.status());
+    if (!enc.ok()) {  // check_plugins_fit has loaded them already; this would be a race with the disk
+      std::fprintf(stderr, "tessera: %s\n", enc.status().message().c_str());
+      return false;
+    }
+    infos.push_back(enc->info());
+    rows.push_back({(*p)->name(), (*p)->version(), (*p)->modality(), (*p)->file()});
+  }
+  const StemLayout L = stem_layout(infos);
+  *report += "# plugins (name, version, modality, file, rows, their place in the stem)\n";
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const tsr_encoder_info& f = infos[i];
+    const bool ids = f.rows_kind == TSR_ROWS_IDS;
+    const int64_t at = ids ? L.id_offset[i] : L.column[i], n = ids ? f.vocab_size : f.width;
+    rows[i].push_back(ids ? "ids, vocabulary " + std::to_string(n) : "features, " + std::to_string(n) + " wide");
+    rows[i].push_back((ids ? "ids " : "columns ") + std::to_string(at) + ".." + std::to_string(at + n - 1) +
+                      (e.model.stem.modalities > 0 ? ", modality " + std::to_string(i) : ""));
+  }
+  *report += table(rows, 2);
+  if (e.data.path.empty()) return true;
+  Result<DatasetPreview> v = preview_dataset(e, a.sample);
+  if (!v.ok()) {
+    std::fprintf(stderr, "tessera: %s\n", v.status().message().c_str());
+    return false;
+  }
+  *report += "# dataset " + e.data.path + ": " + std::to_string(v->items) + " items; the first " +
+             std::to_string(v->sampled) + " encoded\n";
+  rows.clear();
+  std::vector<int64_t> n = v->rows;
+  std::sort(n.begin(), n.end());
+  if (!n.empty()) {
+    rows.push_back({"sequences", std::to_string(n.size())});
+    rows.push_back({"rows per sequence", "min " + std::to_string(n.front()) + ", median " +
+                                             std::to_string(n[n.size() / 2]) + ", max " + std::to_string(n.back())});
+    *longest = n.back();
+  }
+  rows.push_back({"bad items", std::to_string(v->errors.size()) + (v->errors.empty() ? "" : " (a run records them in errors.jsonl)")});
+  *report += table(rows, 2);
+  for (size_t i = 0; i < std::min<size_t>(v->errors.size(), 5); ++i) *report += "  bad: " + v->errors[i] + "\n";
+  const PositionConfig& pos = e.model.positions;
+  const int64_t cls = e.model.stem.cls && e.model.stem.kind != StemKind::tokens ? 1 : 0;
+  if ((pos.kind == PositionKind::learned || pos.kind == PositionKind::sinusoidal) && !n.empty() &&
+      n.back() + cls > pos.max_len) {
+    std::fprintf(stderr, "%s", report->c_str());
+    std::fprintf(stderr,
+                 "tessera: %s: a sequence of the first items has %lld rows, more than model.positions.max_len (%lld): "
+                 "its batch would fail. Raise max_len, or give the plugin a maximum length (and a length policy)\n",
+                 a.file.c_str(), static_cast<long long>(n.back() + cls), static_cast<long long>(pos.max_len));
+    return false;
+  }
+  return true;
+}
 
 int run_check(const CheckArgs& a) {
   std::optional<Loaded> L = load_and_build(a.file, a.overrides);
   if (!L) return kExitBadInput;
   const Experiment& e = L->exp;
+  std::string plugin_report;
+  int64_t longest = 0;
+  if (!e.plugins.empty() && !check_plugins(e, a, &plugin_report, &longest)) return kExitBadInput;
   const int64_t T = a.seq_len > 0 ? a.seq_len
+                  : longest > 0 ? longest
                   : !e.input.ids.empty() ? static_cast<int64_t>(e.input.ids.size())
                   : e.input.rows.defined() ? e.input.rows.dim(0)
                   : e.bench.seq_len;
-  const int64_t B = a.batch > 0 ? a.batch : e.bench.batch;
+  const int64_t B = a.batch > 0 ? a.batch : !e.plugins.empty() ? e.runtime.batch_size : e.bench.batch;
   const Plan p = make_plan(e.model, T);
 
   std::printf("%s\n", to_yaml(e).c_str());
-  std::printf("# plan for %lld input rows per item, batch %lld (f32 activations)\n",
-              static_cast<long long>(T), static_cast<long long>(B));
+  std::printf("%s", plugin_report.c_str());
+  std::printf("# plan for %lld input rows per item%s, batch %lld (f32 activations)\n", static_cast<long long>(T),
+              a.seq_len <= 0 && longest > 0 ? " (the longest of the first items)" : "", static_cast<long long>(B));
   std::vector<std::vector<std::string>> rows = {
       {"rows per item", fmt_count(static_cast<double>(p.rows)) +
                             (p.rows != T ? "  (" + std::to_string(T) + " input rows + CLS)" : "")},
@@ -74,6 +151,8 @@ void add_check_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--seq-len", args->seq_len, "input rows per item for the plan (default: the input's, else bench.seq_len)");
   cmd->add_option("--batch", args->batch, "items per batch for the plan (default: bench.batch)");
   cmd->add_flag("--params", args->params, "also list every parameter's name and shape");
+  cmd->add_option("--sample", args->sample, "plugin experiments: encode this many items of the dataset (default 16)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([args, run] { *run = [args] { return run_check(*args); }; });
 }
 

@@ -105,6 +105,16 @@ struct StemLayout {
 };
 StemLayout stem_layout(const std::vector<tsr_encoder_info>& plugins);
 
+// A look at a dataset before a run (`tessera check`): its items listed, the first `max_items`
+// encoded by the plugins, and the rows each sequence would have. Nothing is written.
+struct DatasetPreview {
+  int64_t items = 0;                 // in the dataset (after data.limit)
+  int64_t sampled = 0;               // items encoded
+  std::vector<int64_t> rows;         // per sequence of the sampled items
+  std::vector<std::string> errors;   // per sampled item that failed: "ID: FILE: reason"
+};
+Result<DatasetPreview> preview_dataset(const Experiment& exp, int64_t max_items);
+
 // Problems between the experiment's plugins and its model (row kinds, vocabulary, feature width,
 // modalities), as diagnostics at the plugin's place in the YAML. Creates one encoder per plugin.
 void check_plugins_fit(const Experiment& exp, Diagnostics* diags);
