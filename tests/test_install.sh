@@ -3,7 +3,7 @@
 # against the installed CMake package, and runs an experiment with it through the installed tool.
 # Usage: test_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
-build=$1 src=$2
+build=$(cd "$1" && pwd) src=$2
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 fail() { echo "test_install: $*" >&2; exit 1; }
@@ -23,7 +23,10 @@ export TESSERA_PLUGIN_PATH="$prefix/build-kmers"
 listing=$("$prefix/bin/tessera" plugins)
 echo "$listing" | grep -q "^kmers  *dna  *1.0.0  *$prefix/build-kmers/libtessera_kmers.so" || { echo "$listing"; fail "kmers not listed"; }
 # The installed plugins are found beside the installed library, without any path.
-echo "$listing" | grep -q "$prefix/lib/tessera/plugins/libtessera_protein.so" || { echo "$listing"; fail "installed plugins not found"; }
+echo "$listing" | grep -q "^protein  *protein  *[0-9.]*  *$prefix/lib/tessera/plugins/libtessera_protein.so" ||
+  { echo "$listing"; fail "installed plugins not found"; }
+# ... and the build tree they were built in is not searched (its plugins would shadow them).
+if echo "$listing" | grep -q "$build/plugins"; then echo "$listing"; fail "the installed tessera searches the build tree"; fi
 
 cd "$src/plugins/example_kmers"
 set +e

@@ -93,6 +93,11 @@ TEST(Datasets, EveryFormatListsItemsWithStableIds) {
   EXPECT_EQ((*fasta)[1].parts[0].line, 5u);
   EXPECT_EQ((*fasta)[0].parts[0].length, std::string(">sp|P1 first\nMKV\nLLA\n\n").size());
   write(d + "/junk.fa", "MKV\n>P1\nMA\n");
+  write(d + "/genes.fna", ">g1\nACGT\n>g2\nTTGA\n");
+  auto fna = read_dataset({d + "/genes.fna", {}, DataFormat::auto_detect, 0}, text);
+  ASSERT_TRUE(fna.ok()) << fna.status().message();
+  EXPECT_EQ(fna->size(), 2u);  // .fna is FASTA too
+  EXPECT_EQ((*fna)[1].id, "genes.fna#2");
   auto junk = read_dataset({d + "/junk.fa", {}, DataFormat::auto_detect, 0}, text);
   ASSERT_TRUE(junk.ok());
   EXPECT_EQ((*junk)[0].error, d + "/junk.fa:1:1: sequence data before the first '>' header line (every FASTA record starts with '>name')");

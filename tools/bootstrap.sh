@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a Debian 12 machine for Tessera, build it, and run the main job or every test.
-#   tools/bootstrap.sh demo   install missing packages, build (Release), run the showcase
+#   tools/bootstrap.sh demo   install missing packages, build (Release), run the quickstart
 #   tools/bootstrap.sh test   install missing packages, build (Release + ASan/UBSan), run all tests
 # Packages are installed only when missing (idempotent); as root directly, otherwise with sudo.
 # Environment: JOBS (parallel build jobs, default: all cores), TESSERA_SKIP_ASAN=1 (tests: skip
@@ -44,21 +44,20 @@ tessera="$build/release/tessera"
 if [ "$mode" = demo ]; then
   step() { printf '\n=== %s\n$ %s\n\n' "$1" "${*:2}"; "${@:2}"; }
   step "The runtime" "$tessera" version
-  step "red / ball / rolls: one causal head by hand" \
+  step "The modality plugins it finds" "$tessera" plugins
+  step "The quickstart: plugins against the model, the first items encoded, the plan" \
+    "$tessera" check configs/experiments/quickstart.yaml --sample 10
+  step "The quickstart: photos, speech, text and proteins through one encoder" \
+    "$tessera" run configs/experiments/quickstart.yaml --force
+  step "What it wrote: one embedding per item" head -n 4 runs/quickstart/index.jsonl
+  step "red / ball / rolls: one causal head by hand (a seed lecture's worked example)" \
     "$tessera" explain configs/examples/red_ball_rolls.yaml --fractions
-  step "A second head, W_O and the residual" "$tessera" explain configs/examples/two_heads.yaml --head 1 --fractions
   step "Scaling by sqrt(d_k): (0.731, 0.269) instead of (0.881, 0.119)" \
     "$tessera" explain configs/examples/scaling.yaml --row 0
-  step "crane / lake" "$tessera" explain configs/examples/crane_lake.yaml --row 0
-  step "The n = 5 exercise: resolved config and plan" "$tessera" check configs/examples/exercise_n5.yaml
-  step "One post-LN Transformer layer, outputs as .npy" \
-    "$tessera" forward configs/examples/transformer_layer.yaml --out runs/transformer_layer --dump blocks.0.attn.weights
-  step "A ViT-B/16-shaped model: plan" "$tessera" check configs/bench/vit_b16.yaml
-  step "A ViT-B/16-shaped model: a real-size forward pass, timed" \
-    "$tessera" bench configs/bench/vit_b16.yaml --reps 3 --warmup 1
   echo
-  echo "demo: done. The forward pass wrote .npy files to runs/transformer_layer/;" \
-       "configs/examples/ holds the lectures' examples, docs/ the configuration and performance notes."
+  echo "demo: done. The quickstart's outputs are in runs/quickstart/: embeddings.npy + index.jsonl," \
+       "rows.jsonl (where each row came from), attention/ (.npy maps and PNG heatmaps), manifest.json." \
+       "See README.md and docs/RUNS.md."
   exit 0
 fi
 

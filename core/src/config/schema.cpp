@@ -1030,7 +1030,7 @@ std::vector<KeyRule> build_rules() {
   r.push_back(data_path_key());
   r.push_back(enum_key("data.format", kDataFormatNames, "auto",
                        "how to read data.path; auto: a directory, a glob, .csv/.jsonl manifests, "
-                       ".fasta/.fa/.faa, else lines of text",
+                       ".fasta/.fa/.faa/.fas/.fna/.ffn, else lines of text",
                        FIELD(data.format)));
   r.push_back(int_key("data.limit", kNonNegative, "0", "read at most this many items; 0 = all", FIELD(data.limit)));
   r.push_back(bool_key("data.allow_missing", "false",

@@ -138,14 +138,21 @@ std::vector<std::string> plugin_search_dirs() {
   std::vector<std::string> dirs;
   if (const char* env = std::getenv("TESSERA_PLUGIN_PATH"))
     for (const std::string& d : split(env, ':')) dirs.push_back(d);
-#ifdef TESSERA_BUILD_PLUGIN_DIR
   std::error_code ec;
-  if (fs::is_directory(TESSERA_BUILD_PLUGIN_DIR, ec)) dirs.push_back(TESSERA_BUILD_PLUGIN_DIR);
+  Dl_info self{};
+  fs::path me;  // this library's file
+  if (dladdr(reinterpret_cast<const void*>(&plugin_search_dirs), &self) && self.dli_fname)
+    me = fs::weakly_canonical(fs::absolute(self.dli_fname), ec);
+#ifdef TESSERA_BUILD_PLUGIN_DIR
+  // The build tree, for a library still in it (an installed copy must not see the tree it came from).
+  const fs::path tree = fs::weakly_canonical(TESSERA_BUILD_DIR, ec);
+  const bool in_tree = !me.empty() && !tree.empty() &&
+                       std::mismatch(tree.begin(), tree.end(), me.begin(), me.end()).first == tree.end();
+  if (in_tree && fs::is_directory(TESSERA_BUILD_PLUGIN_DIR, ec)) dirs.push_back(TESSERA_BUILD_PLUGIN_DIR);
 #endif
   // The install prefix: <libdir>/tessera/plugins beside this library, wherever it was installed.
-  Dl_info self{};
-  if (dladdr(reinterpret_cast<const void*>(&plugin_search_dirs), &self) && self.dli_fname) {
-    const fs::path lib = fs::absolute(self.dli_fname).parent_path() / "tessera" / "plugins";
+  if (!me.empty()) {
+    const fs::path lib = me.parent_path() / "tessera" / "plugins";
     if (fs::is_directory(lib, ec)) dirs.push_back(lib.lexically_normal().string());
   }
   return dirs;

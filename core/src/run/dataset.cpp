@@ -37,7 +37,8 @@ DataFormat detect(const std::string& path) {
   if (fs::is_directory(path, ec)) return DataFormat::dir;
   const std::string ext = lower(fs::path(path).extension().string());
   if (ext == ".csv" || ext == ".jsonl") return DataFormat::manifest;
-  if (ext == ".fasta" || ext == ".fa" || ext == ".faa" || ext == ".fas") return DataFormat::fasta;
+  if (ext == ".fasta" || ext == ".fa" || ext == ".faa" || ext == ".fas" || ext == ".fna" || ext == ".ffn")
+    return DataFormat::fasta;
   return DataFormat::lines;
 }
 
