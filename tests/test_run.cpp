@@ -287,6 +287,89 @@ TEST(Runs, KilledAndResumedGivesByteIdenticalOutputs) {
   }
   EXPECT_EQ(slurp(d + "/killed/manifest.json"), slurp(d + "/straight/manifest.json"));
   EXPECT_FALSE(fs::exists(d + "/killed/shards"));
+
+  // Resuming a finished run does nothing and leaves it as it is.
+  const std::string manifest = slurp(d + "/straight/manifest.json");
+  const RunSummary again = run_ok(e, d + "/straight", true);
+  EXPECT_EQ(again.sequences, resumed.sequences);
+  EXPECT_EQ(again.failed, resumed.failed);
+  EXPECT_EQ(slurp(d + "/straight/manifest.json"), manifest);
+  // ... and refuses when a plugin's version is not the one that ran.
+  nlohmann::json m = nlohmann::json::parse(manifest);
+  const std::string version = m["plugins"][0]["version"];
+  m["plugins"][0]["version"] = "0.0.1";
+  write(d + "/straight/manifest.json", m.dump(2));
+  RunOptions again_opt;
+  again_opt.out_dir = d + "/straight";
+  again_opt.resume = true;
+  again_opt.progress = false;
+  Result<RunSummary> other = run_experiment(e, again_opt);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("the plugins changed since the run started (probe 0.0.1 then, probe " + version +
+                                          " now)"),
+            std::string::npos)
+      << other.status().message();
+}
+
+TEST(Runs, SequencesLongerThanThePositionsAreBadItems) {
+  const std::string d = temp_dir("long");
+  write(d + "/t.txt", "short\nthis line is far too long\nok\n");
+  Experiment e = experiment(d, d + "/t.txt", "runtime: {batch_size: 3}\n");
+  e.model.positions.max_len = 10;
+  const RunSummary s = run_ok(e, d + "/run");
+  EXPECT_EQ(s.sequences, 2);
+  EXPECT_EQ(s.failed, 1);
+  const std::vector<std::string> lines = {slurp(d + "/run/errors.jsonl")};
+  EXPECT_NE(lines[0].find("\"id\":\"t.txt:2\",\"item\":1,\"reason\":\"25 rows, more than model.positions.max_len (10): "
+                          "give the plugin a maximum length and a length policy (truncate, windows), or raise max_len\""),
+            std::string::npos) << lines[0];
+}
+
+TEST(Datasets, ManifestsMayStartWithAByteOrderMark) {
+  const std::string d = temp_dir("bom");
+  const std::vector<PluginInput> text{{"probe", TSR_INPUT_TEXT, {".txt"}}};
+  write(d + "/m.csv", "\xEF\xBB\xBFid,text\nfirst,hello\n");
+  write(d + "/m.jsonl", "\xEF\xBB\xBF{\"id\": \"first\", \"text\": \"hello\"}\n");
+  for (const char* leaf : {"/m.csv", "/m.jsonl"}) {
+    auto items = read_dataset({d + leaf, {}, DataFormat::auto_detect, 0}, text);
+    ASSERT_TRUE(items.ok()) << items.status().message();
+    ASSERT_EQ(items->size(), 1u);
+    EXPECT_EQ((*items)[0].id, "first") << leaf;
+    EXPECT_EQ((*items)[0].error, "") << leaf;
+  }
+}
+
+TEST(Runs, ScoreNeedsACausalModelAndWritesAnyTokenAsUtf8) {
+  const std::string d = temp_dir("score");
+  write(d + "/t.txt", "h\xC3\xA9llo\n");
+  const std::string yaml = "plugins:\n  - name: text\n    options: {tokenizer: bytes}\n"
+                           "model:\n  arch: decoder\n  d_model: 16\n  n_heads: 2\n  n_layers: 1\n"
+                           "  stem: {kind: tokens, vocab_size: 259}\n  positions: {kind: learned, max_len: 64}\n"
+                           "  head: {kind: lm, tied: true}\ndata:\n  path: " + d + "/t.txt\ntask: {kind: score, top_k: 259}\n";
+  for (bool causal : {true, false}) {
+    Diagnostics diags;
+    LoadOptions lo;
+    if (!causal) lo.overrides = {"model.causal=false"};
+    std::optional<Experiment> e = load_experiment_from_string(yaml, "s.yaml", d, lo, &diags);
+    ASSERT_TRUE(e) << diags.str();
+    ASSERT_EQ(e->model.causal, causal);
+    RunOptions o;
+    o.out_dir = d + (causal ? "/run" : "/run_enc");
+    o.progress = false;
+    Result<RunSummary> r = run_experiment(*e, o);
+    if (!causal) {
+      ASSERT_FALSE(r.ok());
+      EXPECT_NE(r.status().message().find("task.kind score needs a causal model"), std::string::npos) << r.status().message();
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->failed, 0);
+    // Every byte is among the top 259 next tokens, lone bytes 0x80..0xFF included: written as U+FFFD.
+    const std::string p = slurp(o.out_dir + "/predictions.jsonl");
+    const nlohmann::json j = nlohmann::json::parse(p);
+    EXPECT_NE(p.find("\xEF\xBF\xBD"), std::string::npos);
+    EXPECT_TRUE(j.contains("id")) << p.substr(0, 300);
+  }
 }
 
 TEST(Runs, RefusesPluginsThatDoNotFitTheModel) {

@@ -77,14 +77,13 @@ bool check_plugins(const Experiment& e, const CheckArgs& a, std::string* report,
   *report += table(rows, 2);
   for (size_t i = 0; i < std::min<size_t>(v->errors.size(), 5); ++i) *report += "  bad: " + v->errors[i] + "\n";
   const PositionConfig& pos = e.model.positions;
-  const int64_t cls = e.model.stem.cls && e.model.stem.kind != StemKind::tokens ? 1 : 0;
   if ((pos.kind == PositionKind::learned || pos.kind == PositionKind::sinusoidal) && !n.empty() &&
-      n.back() + cls > pos.max_len) {
+      n.back() > pos.max_len) {
     std::fprintf(stderr, "%s", report->c_str());
     std::fprintf(stderr,
                  "tessera: %s: a sequence of the first items has %lld rows, more than model.positions.max_len (%lld): "
                  "its batch would fail. Raise max_len, or give the plugin a maximum length (and a length policy)\n",
-                 a.file.c_str(), static_cast<long long>(n.back() + cls), static_cast<long long>(pos.max_len));
+                 a.file.c_str(), static_cast<long long>(n.back()), static_cast<long long>(pos.max_len));
     return false;
   }
   return true;

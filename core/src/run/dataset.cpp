@@ -271,7 +271,7 @@ DataItem manifest_item(const std::map<std::string, std::string>& row, const std:
     }
     if (!v || v->empty()) {
       it.error = default_id + ": no input for plugin " + p.name + " (give a `" + p.name + "` field" +
-                 (plugins.size() == 1 ? ", or `path` or `text`"
+                 (plugins.size() == 1 ? (p.name == "text" ? ", or `path`" : p.name == "path" ? ", or `text`" : ", or `path` or `text`")
                                       : "; or set data.allow_missing: true to encode items from the inputs they have") +
                  ")";
       return it;
@@ -312,7 +312,7 @@ Result<std::vector<DataItem>> read_manifest(const std::string& path, const std::
   if (lower(fs::path(path).extension().string()) == ".jsonl") {
     const std::string& s = *text;
     uint32_t line = 0;
-    for (size_t pos = 0; pos < s.size();) {
+    for (size_t pos = after_bom(s.data(), s.size()); pos < s.size();) {
       ++line;
       const size_t eol = std::min(s.find('\n', pos), s.size());
       const std::string l = s.substr(pos, eol - pos);
@@ -332,7 +332,7 @@ Result<std::vector<DataItem>> read_manifest(const std::string& path, const std::
       items.push_back(manifest_item(row, plugins, dir, id, allow_missing));
     }
   } else {
-    size_t pos = 0;
+    size_t pos = after_bom(text->data(), text->size());
     uint32_t line = 1;
     std::vector<std::string> header, fields;
     std::string error;

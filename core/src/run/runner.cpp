@@ -63,6 +63,10 @@ std::string hex64(uint64_t h) {
   return buf;
 }
 
+// One JSON line. Text that is not UTF-8 (a token that is a lone byte, a Latin-1 file name) is
+// written with U+FFFD in place of the bad bytes rather than refused.
+std::string jsonl_line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
+
 std::string batch_name(int64_t k) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "batch-%06lld", static_cast<long long>(k));
@@ -349,6 +353,7 @@ class Runner {
   std::set<int64_t> done_;
   RunSummary summary_;
   int64_t items_done_ = 0;
+  bool complete_ = false;  // --resume found the run finished
 };
 
 Status Runner::setup() {
@@ -388,6 +393,9 @@ Status Runner::setup() {
     return Status::Invalid("task.kind classify needs a model with head.kind classifier");
   if (task == TaskKind::score && exp_.model.head.kind != HeadKind::lm)
     return Status::Invalid("task.kind score needs a language model (head.kind lm)");
+  if (task == TaskKind::score && !exp_.model.causal)
+    return Status::Invalid("task.kind score needs a causal model: next-token probabilities from a model that sees the "
+                           "next token mean nothing (set model.arch: decoder, or model.causal: true)");
   for (int64_t l : exp_.task.attention.layers)
     if (l >= exp_.model.n_layers)
       return Status::OutOfRange("task.attention.layers: layer " + std::to_string(l) + " does not exist (the model has " +
@@ -468,8 +476,19 @@ Status Runner::open_folder() {
       if (m.value("items", int64_t{-1}) != static_cast<int64_t>(items_.size()))
         return refuse("the dataset", std::to_string(m.value("items", int64_t{-1})) + " items",
                       std::to_string(items_.size()) + " items");
+      std::string then_plugins, now_plugins;
+      for (const auto& pl : m.value("plugins", json::array()))
+        then_plugins += (then_plugins.empty() ? "" : ", ") + pl.value("name", "?") + " " + pl.value("version", "?");
+      for (const auto& pl : plugins_) now_plugins += (now_plugins.empty() ? "" : ", ") + pl->name() + " " + pl->version();
+      if (then_plugins != now_plugins) return refuse("the plugins", then_plugins, now_plugins);
       for (const auto& k : m.value("done", json::array())) done_.insert(k.get<int64_t>());
       summary_.batches_resumed = static_cast<int64_t>(done_.size());
+      if (m.value("state", "") == "complete") {  // nothing left to do: leave the run as it is
+        complete_ = true;
+        summary_.sequences = m.value("sequences", int64_t{0});
+        summary_.failed = m.value("failed", int64_t{0});
+        return Status::Ok();
+      }
     }
   }
   fs::create_directories(dir_ / "shards", ec);
@@ -567,33 +586,38 @@ void Runner::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch
     s.kinds.insert(s.kinds.end(), static_cast<size_t>(n), r.kind == TSR_ROWS_FEATURES ? 1 : 0);
     s.modality.insert(s.modality.end(), static_cast<size_t>(n), static_cast<int32_t>(p));
   };
-  auto finish = [&](Sequence& s) {
-    if (!modal) s.modality.clear();
-    if (!mixed) s.kinds.clear();
-    out->seqs.push_back(std::move(s));
-  };
+  if (given.empty()) return fail(item.source, "no input for any plugin");
+  std::vector<Sequence> made;
   if (given.size() == 1) {  // one input: each of its sequences (windows) is a sequence
     const size_t p = given[0];
     for (TokenRows& r : per_plugin[p]) {
-      Sequence s;
-      s.item = index;
-      s.id = r.label.empty() ? item.id : item.id + "/" + r.label;
-      append(s, p, r);
-      finish(s);
+      made.emplace_back();
+      made.back().item = index;
+      made.back().id = r.label.empty() ? item.id : item.id + "/" + r.label;
+      append(made.back(), p, r);
     }
-    return;
+  } else {  // several inputs: one sequence, their rows one after another
+    for (size_t p : given)
+      if (per_plugin[p].size() != 1)
+        return fail(item.parts[p].path, "plugin " + plugins_[p]->name() + " gave " + std::to_string(per_plugin[p].size()) +
+                                            " sequences; in a multimodal sequence each plugin gives one");
+    made.emplace_back();
+    made.back().item = index;
+    made.back().id = item.id;
+    for (size_t p : given) append(made.back(), p, per_plugin[p][0]);
   }
-  // Several inputs: one sequence, their rows one after another.
-  Sequence s;
-  s.item = index;
-  s.id = item.id;
-  for (size_t p : given) {
-    if (per_plugin[p].size() != 1)
-      return fail(item.parts[p].path, "plugin " + plugins_[p]->name() + " gave " + std::to_string(per_plugin[p].size()) +
-                                          " sequences; in a multimodal sequence each plugin gives one");
+  // A sequence longer than the positions reach is a bad item (its batch would fail otherwise).
+  const PositionConfig& pos = exp_.model.positions;
+  for (const Sequence& s : made)
+    if ((pos.kind == PositionKind::learned || pos.kind == PositionKind::sinusoidal) && s.rows.size() > pos.max_len)
+      return fail(item.parts[given[0]].path,
+                  std::to_string(s.rows.size()) + " rows, more than model.positions.max_len (" + std::to_string(pos.max_len) +
+                      "): give the plugin a maximum length and a length policy (truncate, windows), or raise max_len");
+  for (Sequence& s : made) {
+    if (!modal) s.modality.clear();
+    if (!mixed) s.kinds.clear();
+    out->seqs.push_back(std::move(s));
   }
-  for (size_t p : given) append(s, p, per_plugin[p][0]);
-  finish(s);
 }
 
 EncodedBatch Runner::encode_batch(int64_t k) {
@@ -821,7 +845,7 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
   }
   std::stable_sort(records.begin(), records.end(), [](const json& a, const json& b) { return a["item"].get<int64_t>() < b["item"].get<int64_t>(); });
   std::string lines;
-  for (const json& r : records) lines += r.dump() + "\n";
+  for (const json& r : records) lines += jsonl_line(r);
   const fs::path shard = dir_ / "shards" / batch_name(k);
   if (values.defined()) TSR_RETURN_IF_ERROR(npy::save(shard.string() + ".npy", values));
   TSR_RETURN_IF_ERROR(write_file_atomic(shard.string() + ".jsonl", lines));
@@ -852,18 +876,18 @@ Status Runner::finalize() {
       pos = eol + 1;
       if (r["t"] == "error") {
         r.erase("t");
-        errors += r.dump() + "\n";
+        errors += jsonl_line(r);
         ++summary_.failed;
         continue;
       }
       ++summary_.sequences;
       if (r.contains("prov")) {
-        rows += json({{"id", r["id"]}, {"rows", r["prov"]}}).dump() + "\n";
+        rows += jsonl_line(json({{"id", r["id"]}, {"rows", r["prov"]}}));
         r.erase("prov");
       }
       r.erase("t");
-      if (exp_.task.kind == TaskKind::classify || exp_.task.kind == TaskKind::score) predictions += r.dump() + "\n";
-      else index += r.dump() + "\n";
+      if (exp_.task.kind == TaskKind::classify || exp_.task.kind == TaskKind::score) predictions += jsonl_line(r);
+      else index += jsonl_line(r);
     }
   }
   if (!parts.empty()) {
@@ -896,6 +920,10 @@ Result<RunSummary> Runner::run() {
   TSR_RETURN_IF_ERROR(setup());
   summary_.items = static_cast<int64_t>(items_.size());
   summary_.batches = batches_;
+  if (complete_) {
+    if (opt_.progress) std::fprintf(stderr, "run: %s is already complete; nothing to do\n", dir_.c_str());
+    return summary_;
+  }
   std::vector<int64_t> todo;
   for (int64_t k = 0; k < batches_; ++k)
     if (!done_.count(k)) todo.push_back(k);
