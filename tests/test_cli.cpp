@@ -314,3 +314,57 @@ TEST(Cli, SchemaMarkdownIsTheDocumentedTable) {
   const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(has(doc, r.out)) << "docs/CONFIG.md is out of date: regenerate its table with `tessera schema --markdown`";
 }
+
+// The quickstart's experiment over one bad input of each modality and one good one: each bad item
+// is recorded with its file and reason, the good one is written, and the exit code is 3.
+TEST(Cli, RunRecordsEveryKindOfBadItemAndExitsWith3) {
+  namespace fs = std::filesystem;
+  const std::string d = ::testing::TempDir() + "tessera_cli_bad_items_" + std::to_string(getpid());
+  fs::remove_all(d);
+  fs::create_directories(d + "/quickstart");
+  const std::string q = kSrc + "configs/experiments/quickstart/";
+  fs::copy_file(q + "vocab.txt", d + "/quickstart/vocab.txt");
+  auto cut = [&](const std::string& from, const std::string& to, double keep) {
+    std::ifstream in(q + from, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(d + "/quickstart/" + to, std::ios::binary) << bytes.substr(0, static_cast<size_t>(bytes.size() * keep));
+  };
+  cut("cat.jpg", "cut.jpg", 0.5);      // a truncated JPEG
+  cut("cards.wav", "cut.wav", 0.3);    // a WAV cut inside its data chunk, and one inside its header
+  cut("cards.wav", "header.wav", 0.0005);
+  std::ofstream(d + "/quickstart/items.csv", std::ios::binary)
+      << "id,image,audio,text,protein\n"
+         "jpeg,cut.jpg,,,\n"
+         "wav,,header.wav,,\n"
+         "wav_data,,cut.wav,,\n"
+         "fasta,,,,MKT*LV\n"
+         "latin1,,,caf\xE9 au lait,\n"
+         "good,,,a good line,\n";
+  fs::copy_file(kSrc + "configs/experiments/quickstart.yaml", d + "/q.yaml");
+  const Ran r = run_cli("run " + d + "/q.yaml --out " + d + "/run --set task.attention.layers=[]");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(has(r.out, "6 items, 1 sequences written, 5 failed")) << r.out;
+  std::ifstream f(d + "/run/errors.jsonl");
+  std::map<std::string, nlohmann::json> errors;
+  for (std::string line; std::getline(f, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    errors[j["id"]] = j;
+  }
+  ASSERT_EQ(errors.size(), 5u);
+  EXPECT_EQ(errors["jpeg"]["file"], d + "/quickstart/cut.jpg");
+  EXPECT_EQ(errors["wav"]["file"], d + "/quickstart/header.wav");
+  for (const auto& [id, e] : errors) {
+    const std::string reason = e["reason"];
+    EXPECT_FALSE(reason.empty()) << id;
+    if (id == "jpeg") EXPECT_NE(reason.find("truncated JPEG: the file ends at byte"), std::string::npos) << reason;
+    if (id == "wav") EXPECT_NE(reason.find("not a sound file libsndfile can read"), std::string::npos) << reason;
+    if (id == "wav_data") EXPECT_NE(reason.find("truncated WAV: its data chunk promises"), std::string::npos) << reason;
+    if (id == "fasta") EXPECT_NE(reason.find("'*' (a stop) before the end of the sequence"), std::string::npos) << reason;
+    if (id == "latin1") EXPECT_NE(reason.find("UTF-8"), std::string::npos) << reason;
+  }
+  std::ifstream index(d + "/run/index.jsonl");
+  std::string first;
+  std::getline(index, first);
+  EXPECT_EQ(first, "{\"id\":\"good\",\"item\":5,\"rows\":5}");
+  fs::remove_all(d);
+}
