@@ -119,6 +119,10 @@ TEST(Cli, CheckEncodesAPluginExperimentsFirstItems) {
   // photo/cat 197 rows; captioned/cat 197 + 11; Genesis 1:17 in word pieces 21.
   EXPECT_TRUE(has(r.out, "rows per sequence min 21, median 120, max 208")) << r.out;
   EXPECT_TRUE(has(r.out, "bad items 0")) << r.out;
+  EXPECT_FALSE(has(r.out, "note:")) << r.out;  // all four plugins read both ways, as the encoder does
+  const Ran causal = run_cli("check configs/experiments/quickstart.yaml --set model.causal=true");
+  EXPECT_TRUE(has(causal.out, "note: plugin image's rows are meant to be read both ways, but the model attends left to "
+                              "right (model.causal true)")) << causal.out;
   EXPECT_TRUE(has(r.out, "# plan for 208 input rows per item (the longest of the first items), batch 4")) << r.out;
   const Ran few = run_cli("check configs/experiments/quickstart.yaml --sample 3");
   EXPECT_TRUE(has(few.out, "10 items; the first 3 encoded")) << few.out;

@@ -97,7 +97,7 @@ class TextPlugin {
     tsr_encoder_info i{};
     i.rows_kind = TSR_ROWS_IDS;
     i.vocab_size = tokenizer_->vocab_size();
-    i.causal = 1;
+    i.causal = kind_ == "wordpiece" ? 0 : 1;  // BERT reads both ways; GPT-2 and byte/char models left to right
     i.pad_id = tokenizer_->pad_id();
     i.max_rows = max_length_;
     return i;

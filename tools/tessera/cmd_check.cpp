@@ -56,6 +56,11 @@ bool check_plugins(const Experiment& e, const CheckArgs& a, std::string* report,
                       (e.model.stem.modalities > 0 ? ", modality " + std::to_string(i) : ""));
   }
   *report += table(rows, 2);
+  for (size_t i = 0; i < infos.size(); ++i)
+    if ((infos[i].causal != 0) != e.model.causal)
+      *report += "  note: plugin " + e.plugins[i].name + "'s rows are meant to be read " +
+                 (infos[i].causal ? "left to right (causal)" : "both ways") + ", but the model attends " +
+                 (e.model.causal ? "left to right (model.causal true)" : "both ways (model.causal false)") + "\n";
   if (e.data.path.empty()) return true;
   Result<DatasetPreview> v = preview_dataset(e, a.sample);
   if (!v.ok()) {
