@@ -75,7 +75,10 @@ Code code_of(int32_t c) {
 Result<std::shared_ptr<const Plugin>> Plugin::load(const std::string& file) {
   const std::string hint = " (rebuild the plugin against this Tessera's tessera/plugin.h)";
   if (!fs::is_regular_file(file)) return Status::NotFound(file + ": no such plugin file");
-  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // RTLD_NODELETE: a plugin's code stays mapped after the last dlclose. The libraries plugins use
+  // keep process-wide state (FFTW's planner and twiddle tables, OpenCV's thread pool and TLS)
+  // that must not be unmapped while it is still referenced or cleaned up at exit.
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (!handle) return Status::Invalid(file + ": cannot load: " + str_or(dlerror(), "dlopen failed"));
   std::shared_ptr<Plugin> p(new Plugin);
   p->handle_ = handle;  // closed by ~Plugin from here on
