@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -232,26 +233,29 @@ TEST(Runs, ProvenanceAndAttentionExport) {
 }
 
 TEST(Runs, KilledAndResumedGivesByteIdenticalOutputs) {
-  const std::string d = temp_dir("resume");
+  // The run to kill happens in a fresh process: a "threadsafe" death test re-executes this binary
+  // and runs this test up to EXPECT_EXIT there (a plain fork() could inherit a lock held by a
+  // thread of an earlier test). That process must find the same folder, so it has no pid in it.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string d = ::testing::TempDir() + "tessera_run_resume";
+  fs::remove_all(d);
+  fs::create_directories(d);
   const std::string data = lines_file(d, 40);
   const std::string extra = "runtime: {batch_size: 3}\ntask: {kind: embed, attention: {layers: [0]}}\n";
-  // The child process is killed with SIGKILL right after its fourth batch is committed.
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    const Experiment e = experiment(d, data, extra);
-    RunOptions o;
-    o.out_dir = d + "/killed";
-    o.progress = false;
-    o.on_batch = [](int64_t done, int64_t) {
-      if (done == 4) raise(SIGKILL);
-    };
-    (void)run_experiment(e, o);
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(child, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the run was not killed";
+  // Killed with SIGKILL right after its fourth batch is committed.
+  EXPECT_EXIT(
+      {
+        const Experiment e = experiment(d, data, extra);
+        RunOptions o;
+        o.out_dir = d + "/killed";
+        o.progress = false;
+        o.on_batch = [](int64_t done, int64_t) {
+          if (done == 4) raise(SIGKILL);
+        };
+        (void)run_experiment(e, o);
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
   EXPECT_TRUE(fs::exists(d + "/killed/shards"));
   EXPECT_FALSE(fs::exists(d + "/killed/embeddings.npy"));
 
