@@ -731,7 +731,8 @@ def make_esm():
     model.eval()
     # Saved in bfloat16, except the rotary inv_freq buffers: .to(bfloat16) would round them too
     # (0.1 -> 0.10009765625) and a float32 load would then use the rounded frequencies. They stay
-    # float32 in the file, as in ESM-2's own checkpoints, so the file's values are the exact ones.
+    # float32 in the file (a persistent buffer: from_pretrained loads it from the file), so the
+    # file holds the exact frequencies that a reimplementation computes.
     exact = {name: b.clone() for name, b in model.named_buffers() if name.endswith("inv_freq")}
     assert len(exact) == 3 and all(b.dtype == torch.float32 for b in exact.values())
     model.to(torch.bfloat16)
@@ -814,8 +815,8 @@ GELU (ESM's own erf form; `hidden_act` is not read), rotary positions, token dro
 embedding LayerNorm (`emb_layer_norm_before` false), final `emb_layer_norm_after`, LayerNorm eps
 1e-5, vocabulary 33 (`<mask>` 32, `<pad>` 1), LM head tied to the word embeddings (plus its own
 dense, LayerNorm and bias). Saved in **bfloat16** (`torch_dtype` bfloat16); the three rotary
-`inv_freq` buffers stay float32 in the file (as in ESM-2's checkpoints; rounded to bfloat16 they
-would change the frequencies). The reference is float32 from exactly the saved weights.
+`inv_freq` buffers stay float32 in the file (they are persistent buffers, which `from_pretrained`
+loads from the file; rounded to bfloat16, 0.1 would become 0.10009765625). The reference is float32 from exactly the saved weights.
 Tokenizer: `EsmTokenizer` with `tests/data/protein/vocab.txt`.
 
 Tensors: `inputs` (T,) = `<cls>` residues `<eos>`; `embeddings` = the output of `EsmEmbeddings`
