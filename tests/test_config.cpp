@@ -350,7 +350,8 @@ TEST(Config, ErrorUnknownKeys) {
             "t.yaml:4:3: model.max_len: unknown key (did you mean `model.positions.max_len`?)");
   EXPECT_EQ(errors("model:\n  d_model: 8\n  stem: {vocab_size: 10, colour: red}\n"),
             "t.yaml:3:26: model.stem.colour: unknown key "
-            "(valid keys in model.stem: kind, vocab_size, n_features, cls, scale, modalities)");
+            "(valid keys in model.stem: kind, vocab_size, n_features, cls, scale, token_types, norm, dist, token_dropout, "
+            "mask_id, modalities)");
   EXPECT_EQ(errors(kModel + "runtim: {threads: 1}\n"), "t.yaml:4:1: runtim: unknown key (did you mean `runtime`?)");
   EXPECT_EQ(errors(kModel + "runtime: {include: x.yaml}\n"),
             "t.yaml:4:11: runtime.include: unknown key (valid keys in runtime: threads, reference, batch_size, packing, workers)");

@@ -73,7 +73,8 @@ enum class RotaryStyle : int { half = 0, interleaved = 1 };
 enum class StemKind : int { tokens = 0, features = 1, identity = 2, mixed = 3 };
 enum class EmbedScale : int { none = 0, sqrt_d_model = 1 };
 enum class HeadKind : int { none = 0, pool = 1, classifier = 2, lm = 3 };
-enum class PoolKind : int { cls = 0, mean = 1, last = 2 };
+enum class PoolKind : int { cls = 0, mean = 1, last = 2, cls_dist = 3 };
+enum class ModelSource : int { tessera = 0, hf = 1 };
 
 struct PositionConfig {
   PositionKind kind = PositionKind::none;
@@ -91,6 +92,13 @@ struct StemConfig {
   bool cls = false;         // features, mixed: a learned CLS row (see Batch)
   EmbedScale scale = EmbedScale::none;  // multiply embeddings by sqrt(d_model), as in 2017
   int64_t modalities = 0;   // > 0: a learned embedding per modality, added to each row
+  int64_t token_types = 0;  // tokens, mixed: > 0: a learned token-type (segment) embedding table
+                            // (BERT); each token row adds row Batch::types (default 0)
+  bool norm = false;        // a layer norm over the stem's rows after positions (BERT's embedding LN)
+  bool dist = false;        // features, mixed, with cls: a learned distillation row after CLS (DeiT, AST)
+  bool token_dropout = false;  // ESM-2: zero the rows of mask_id and rescale the others by
+                               // (1 - 0.15·0.8) / (1 - masked share of the sequence)
+  int64_t mask_id = -1;        // token_dropout: the mask token's id
 };
 
 struct AttentionConfig {
@@ -105,6 +113,12 @@ struct HeadConfig {
   int64_t n_classes = 0;          // classifier
   std::vector<std::string> labels;  // classifier: optional class names, n_classes of them
   bool tied = true;               // lm: logits through the token embedding table
+  bool lm_bias = false;           // lm, tied: a vocabulary bias (BERT MLM, ESM-2); untied heads have one
+                                  // when model.bias
+  bool pooler = false;            // pool, classifier: a dense layer with tanh on the pooled vector (BERT, ViT)
+  bool norm = false;              // pool, classifier: a layer norm on the pooled vector (AST's MLP head)
+  bool transform = false;         // lm: dense + activation + layer norm before the vocabulary
+                                  // projection (BERT MLM, ESM-2)
 };
 
 struct InitConfig {
@@ -119,7 +133,16 @@ struct InlineTensor {
   Location where;
 };
 
+// A tensor an importer (model.from: hf) took from a checkpoint, renamed and laid out as Tessera's
+// parameter; `source` says where it came from ("model-00001-of-00002.safetensors: h.0.attn.c_attn.weight
+// columns 0:768"), for messages.
+struct ImportedTensor {
+  Tensor value;
+  std::string source;
+};
+
 struct WeightsConfig {
+  std::map<std::string, ImportedTensor> imported;  // model.from: hf: every parameter, from the folder
   std::string file;                               // safetensors, resolved to an absolute path
   Location file_where;
   std::map<std::string, InlineTensor> inline_tensors;  // name -> tensor, see docs/CONFIG.md
@@ -128,6 +151,10 @@ struct WeightsConfig {
 
 struct ModelConfig {
   std::string name;
+  ModelSource source = ModelSource::tessera;  // hf: architecture and weights from a Hugging Face folder
+  std::string path;                           // hf: the folder, absolute
+  std::string family;                         // hf: bert, gpt2, vit, esm or ast (resolved)
+  std::vector<std::string> notes;             // hf: what the import read and what it left out
   Arch arch = Arch::encoder;
   bool causal = false;  // resolved: true for decoders
   int64_t d_model = 0;
@@ -280,6 +307,7 @@ const char* stem_kind_name(StemKind s);
 const char* embed_scale_name(EmbedScale s);
 const char* head_kind_name(HeadKind h);
 const char* pool_kind_name(PoolKind p);
+const char* model_source_name(ModelSource s);
 const char* data_format_name(DataFormat f);
 const char* task_kind_name(TaskKind t);
 

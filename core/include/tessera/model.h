@@ -79,6 +79,7 @@ struct Batch {
   Tensor roles;      // (B, T) u8
   Tensor kinds;      // (B, T) u8
   Tensor modality;   // (B, T) i32
+  Tensor types;      // (B, T) i32 token types (stem.token_types > 0); default 0 for every row
 
   static Batch from_ids(const std::vector<int32_t>& ids);  // one item
   static Batch from_rows(const Tensor& rows);              // (T, F) -> one item
@@ -122,8 +123,9 @@ struct ParamSpec {
 std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg);
 
 // The pooled vector of one sequence's hidden rows h (T, C) as head.pool says (cls: the row whose
-// role is CLS, or row 0 without roles; mean: all rows; last: the last row), L2-normalised when
-// head.normalize. The model's own pooling and the batch runner's (packed sequences) share it.
+// role is CLS, or row 0 without roles; mean: all rows; last: the last row; cls_dist: the mean of the
+// CLS row and the one after it). The model's own pooling and the batch runner's (packed sequences)
+// share it; Model::pool_head then applies the pooler and the normalisation.
 void pool_rows(const ModelConfig& cfg, const Tensor& h, const uint8_t* roles, float* out);
 
 // Checks the tensors that model.weights supplies (inline and the file's header) against the
@@ -149,6 +151,9 @@ class Model {
 
   // The classifier head on pooled vectors (N, C): logits and probabilities (N, n_classes).
   Status classify(const Tensor& pooled, Tensor* logits, Tensor* probs, const ForwardOptions& options) const;
+
+  // Finishes pooled vectors (N, C) in place: head.pooler (dense + tanh), then head.normalize (L2).
+  Status pool_head(Tensor& pooled, const ForwardOptions& options) const;
 
   // All parameters, named as above, into one safetensors file.
   Status save(const std::string& path) const;

@@ -42,6 +42,9 @@ struct Block {
 
 struct Model::Layers {
   Tensor embed;      // (V, C)
+  Tensor type_embed; // (token_types, C)
+  Tensor stem_g, stem_b;  // stem.norm
+  Tensor dist;       // (C)
   Linear stem_proj;  // (F, C)
   Tensor cls;        // (C)
   Tensor modality;   // (modalities, C)
@@ -49,6 +52,10 @@ struct Model::Layers {
   std::vector<model::Block> blocks;
   Tensor final_g, final_b;
   Linear head;       // classifier (C, n_classes) or LM (C, V)
+  Linear pooler;     // (C, C), tanh applied after
+  Tensor head_g, head_b;  // head.norm
+  Linear transform;  // (C, C) with the model's activation fused
+  Tensor transform_g, transform_b;
 };
 
 namespace {
@@ -110,6 +117,10 @@ Result<Model> Model::build(const ModelConfig& cfg) {
   const DType dt = cfg.dtype;
 
   if (cfg.stem.kind == StemKind::tokens || cfg.stem.kind == StemKind::mixed) layers->embed = F("stem.embed");
+  layers->type_embed = F("stem.type_embed");
+  layers->stem_g = F("stem.norm.gamma");
+  layers->stem_b = F("stem.norm.beta");
+  layers->dist = F("stem.dist");
   if (cfg.stem.modalities > 0) layers->modality = F("stem.modality");
   if (cfg.stem.kind == StemKind::features || cfg.stem.kind == StemKind::mixed) {
     auto lin = Linear::create(P("stem.proj"), F("stem.proj_bias"), Activation::none, dt);
@@ -159,6 +170,20 @@ Result<Model> Model::build(const ModelConfig& cfg) {
   }
   layers->final_g = F("final_norm.gamma");
   layers->final_b = F("final_norm.beta");
+  if (P("head.pooler.w").defined()) {
+    auto pl = Linear::create(P("head.pooler.w"), F("head.pooler.b"), Activation::none, dt);
+    if (!pl.ok()) return pl.status().with_prefix("head.pooler");
+    layers->pooler = std::move(pl).value();
+  }
+  layers->head_g = F("head.norm.gamma");
+  layers->head_b = F("head.norm.beta");
+  if (P("head.transform.w").defined()) {
+    auto tr = Linear::create(P("head.transform.w"), F("head.transform.b"), cfg.activation, dt);
+    if (!tr.ok()) return tr.status().with_prefix("head.transform");
+    layers->transform = std::move(tr).value();
+    layers->transform_g = F("head.transform.gamma");
+    layers->transform_b = F("head.transform.beta");
+  }
   if (cfg.head.kind == HeadKind::classifier || cfg.head.kind == HeadKind::lm) {
     Tensor w, bias;
     if (cfg.head.kind == HeadKind::classifier) {
@@ -166,6 +191,7 @@ Result<Model> Model::build(const ModelConfig& cfg) {
       bias = F("head.b");
     } else if (cfg.head.tied) {
       w = P("stem.embed").transpose(0, 1);  // (C, V) view of the (V, C) table
+      bias = F("head.lm_bias");             // undefined unless head.lm_bias
     } else {
       w = P("head.lm");
       bias = F("head.lm_bias");
@@ -186,7 +212,8 @@ const Tensor* Model::parameter(const std::string& name) const {
 
 int64_t Model::rows_for(int64_t input_rows) const {
   const StemKind k = cfg_->stem.kind;
-  return input_rows + ((k == StemKind::features || k == StemKind::mixed) && cfg_->stem.cls ? 1 : 0);
+  if ((k != StemKind::features && k != StemKind::mixed) || !cfg_->stem.cls) return input_rows;
+  return input_rows + (cfg_->stem.dist ? 2 : 1);
 }
 
 Status Model::save(const std::string& path) const { return safetensors::write(path, *params_); }
@@ -230,6 +257,18 @@ Status check_batch(const ModelConfig& c, const Batch& batch) {
   TSR_RETURN_IF_ERROR(check_bt(batch.roles, "roles", DType::u8));
   TSR_RETURN_IF_ERROR(check_bt(batch.kinds, "kinds", DType::u8));
   TSR_RETURN_IF_ERROR(check_bt(batch.modality, "modality", DType::i32));
+  TSR_RETURN_IF_ERROR(check_bt(batch.types, "types", DType::i32));
+  if (batch.types.defined()) {
+    if (c.stem.token_types <= 0) return Status::Invalid("forward: rows carry token types but the model has none");
+    const Tensor ty = batch.types.contiguous();
+    for (int64_t i = 0; i < B * T; ++i) {
+      const int32_t v = ty.data<int32_t>()[i];
+      if (v < 0 || v >= c.stem.token_types)
+        return Status::OutOfRange("forward: row " + std::to_string(i % T) + " of item " + std::to_string(i / T) +
+                                  " has token type " + std::to_string(v) + " outside [0, " +
+                                  std::to_string(c.stem.token_types) + ")");
+    }
+  }
   if (k == StemKind::mixed && !batch.kinds.defined())
     return Status::Invalid("forward: a mixed stem needs kinds (B, T): 0 for a token row, 1 for a feature row");
   if (batch.modality.defined() != (c.stem.modalities > 0))
@@ -286,6 +325,17 @@ void pool_rows(const ModelConfig& c, const Tensor& h, const uint8_t* roles, floa
         break;
       }
       case PoolKind::last: std::copy(x + (n - 1) * C, x + n * C, d); break;
+      case PoolKind::cls_dist: {  // the mean of the CLS and distillation rows (AST)
+        int64_t first = 0;
+        for (int64_t t = 0; roles && t < n; ++t)
+          if (roles[t] == TSR_ROLE_CLS) {
+            first = t;
+            break;
+          }
+        const int64_t second = std::min(first + 1, n - 1);
+        for (int64_t i = 0; i < C; ++i) d[i] = 0.5f * (x[first * C + i] + x[second * C + i]);
+        break;
+      }
       case PoolKind::mean:
         for (int64_t t = 0; t < n; ++t)
           for (int64_t i = 0; i < C; ++i) d[i] += x[t * C + i];
@@ -293,12 +343,29 @@ void pool_rows(const ModelConfig& c, const Tensor& h, const uint8_t* roles, floa
         break;
     }
   }
-  if (c.head.normalize) {
-    double ss = 0;
-    for (int64_t i = 0; i < C; ++i) ss += static_cast<double>(d[i]) * d[i];
-    const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
-    for (int64_t i = 0; i < C; ++i) d[i] *= inv;
+}
+
+Status Model::pool_head(Tensor& pooled, const ForwardOptions& opt) const {
+  const ModelConfig& c = *cfg_;
+  const int64_t N = pooled.dim(0), C = pooled.dim(1);
+  if (layers_->pooler.defined()) {
+    const model::Exec ex{opt.reference};
+    Tensor y = Tensor::empty({N, C});
+    TSR_RETURN_IF_ERROR(ex.linear(layers_->pooler, pooled, y));
+    float* p = y.data<float>();
+    for (int64_t i = 0; i < N * C; ++i) p[i] = std::tanh(p[i]);
+    pooled.copy_from(y);
   }
+  if (c.head.normalize) {
+    for (int64_t r = 0; r < N; ++r) {
+      float* d = pooled.data<float>() + r * C;
+      double ss = 0;
+      for (int64_t i = 0; i < C; ++i) ss += static_cast<double>(d[i]) * d[i];
+      const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
+      for (int64_t i = 0; i < C; ++i) d[i] *= inv;
+    }
+  }
+  return Status::Ok();
 }
 
 Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* out) const {
@@ -311,7 +378,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
 
   // Rows: with a CLS stem and no roles, one CLS row is prepended to every batch row.
   const bool has_cls_stem = c.stem.cls && (c.stem.kind == StemKind::features || c.stem.kind == StemKind::mixed);
-  const int64_t extra = has_cls_stem && !batch.roles.defined() ? 1 : 0;
+  const int64_t extra = has_cls_stem && !batch.roles.defined() ? (c.stem.dist ? 2 : 1) : 0;
   if (extra && (batch.segments.defined() || batch.positions.defined() || batch.kinds.defined()))
     return Status::Invalid("forward: packed or explicitly positioned rows must say where the CLS row is (give roles)");
   const int64_t B = batch.batch_size(), T_in = batch.seq_len(), T = T_in + extra, C = c.d_model;
@@ -368,11 +435,42 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
     Tensor emb = Tensor::empty({B * T_in, C});
     TSR_RETURN_IF_ERROR(ex.embedding(L.embed, ids.reshape({B * T_in}), emb));
     const float scale = c.stem.scale == EmbedScale::sqrt_d_model ? std::sqrt(static_cast<float>(C)) : 1.f;
+    const Tensor types = batch.types.defined() ? batch.types.contiguous() : Tensor();
     for (int64_t i = 0; i < B * T_in; ++i) {
       if (is_feature_row(i)) continue;
       const float* e = emb.data<float>() + i * C;
       float* dst = xp + out_row(i) * C;
       for (int64_t k = 0; k < C; ++k) dst[k] = e[k] * scale;
+      if (L.type_embed.defined()) {
+        const float* te = L.type_embed.data<float>() + (types.defined() ? types.data<int32_t>()[i] : 0) * C;
+        for (int64_t k = 0; k < C; ++k) dst[k] += te[k];
+      }
+    }
+    if (c.stem.token_dropout) {
+      // ESM-2 was trained with 15 % of tokens selected and 80 % of those masked; at inference the
+      // mask rows are zeroed and each sequence's rows rescaled by the share it actually masks.
+      const Tensor idc = batch.ids.contiguous();
+      for (int64_t b = 0; b < B; ++b) {
+        std::map<int32_t, std::pair<int64_t, int64_t>> counts;  // sequence -> (masked, rows)
+        for (int64_t t = 0; t < T_in; ++t) {
+          const int32_t sq = lay.seg[static_cast<size_t>(b * T + t + extra)];
+          if (sq < 0 || is_feature_row(b * T_in + t)) continue;
+          auto& n = counts[sq];
+          n.first += idc.data<int32_t>()[b * T_in + t] == c.stem.mask_id;
+          ++n.second;
+        }
+        for (int64_t t = 0; t < T_in; ++t) {
+          const int32_t sq = lay.seg[static_cast<size_t>(b * T + t + extra)];
+          if (sq < 0 || is_feature_row(b * T_in + t)) continue;
+          const auto& n = counts[sq];
+          const bool masked = idc.data<int32_t>()[b * T_in + t] == c.stem.mask_id;
+          const float f = masked ? 0.f
+                                 : static_cast<float>((1.0 - 0.15 * 0.8) /
+                                                      (1.0 - static_cast<double>(n.first) / static_cast<double>(n.second)));
+          float* dst = xp + out_row(b * T_in + t) * C;
+          for (int64_t k = 0; k < C; ++k) dst[k] *= f;
+        }
+      }
     }
   }
   if (c.stem.kind == StemKind::features || c.stem.kind == StemKind::mixed) {
@@ -389,12 +487,21 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       TSR_RETURN_IF_ERROR(ex.linear(L.stem_proj, in, proj));
       for (size_t r = 0; r < which.size(); ++r) {
         float* dst = xp + out_row(which[r]) * C;
-        const bool cls_row = has_cls_stem && roles.defined() && roles.data<uint8_t>()[which[r]] == TSR_ROLE_CLS;
-        const float* src = cls_row ? L.cls.data<float>() : proj.data<float>() + static_cast<int64_t>(r) * C;
+        const int64_t i = which[r];
+        const uint8_t* rl = roles.defined() ? roles.data<uint8_t>() : nullptr;
+        const bool cls_row = has_cls_stem && rl && rl[i] == TSR_ROLE_CLS;
+        // With a distillation row, a CLS-role row right after another one is the distillation row.
+        const bool dist_row = cls_row && c.stem.dist && i % T_in > 0 && rl[i - 1] == TSR_ROLE_CLS;
+        const float* src = dist_row  ? L.dist.data<float>()
+                           : cls_row ? L.cls.data<float>()
+                                     : proj.data<float>() + static_cast<int64_t>(r) * C;
         std::copy(src, src + C, dst);
       }
     }
-    for (int64_t b = 0; b < B && extra; ++b) std::copy(L.cls.data<float>(), L.cls.data<float>() + C, xp + b * T * C);
+    for (int64_t b = 0; b < B && extra; ++b) {
+      std::copy(L.cls.data<float>(), L.cls.data<float>() + C, xp + b * T * C);
+      if (extra == 2) std::copy(L.dist.data<float>(), L.dist.data<float>() + C, xp + (b * T + 1) * C);
+    }
   }
   if (c.stem.kind == StemKind::identity) x.copy_from(batch.rows);
   if (c.stem.modalities > 0) {
@@ -412,9 +519,13 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       for (int64_t k = 0; k < C; ++k) xp[i * C + k] += e[k];
     }
   }
+  Tensor h = Tensor::empty({B, T, C});  // normed rows / scratch
+  if (c.stem.norm) {
+    TSR_RETURN_IF_ERROR(ex.layer_norm(x, L.stem_g, L.stem_b, static_cast<float>(c.norm_eps), h));
+    std::swap(x, h);
+  }
   cap.put("stem.out", x);
 
-  Tensor h = Tensor::empty({B, T, C});  // normed rows / scratch
   for (size_t l = 0; l < L.blocks.size(); ++l) {
     const model::Block& blk = L.blocks[l];
     const std::string p = "blocks." + std::to_string(l);
@@ -495,6 +606,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       const uint8_t* rl = roles.defined() ? roles.data<uint8_t>() + b * T_in + first - extra : nullptr;
       pool_rows(c, hb, extra ? nullptr : rl, pooled.data<float>() + b * x.dim(2));
     }
+    TSR_RETURN_IF_ERROR(pool_head(pooled, opt));
     cap.put("head.pooled", pooled);
     out->pooled = pooled;
     if (c.head.kind == HeadKind::classifier) TSR_RETURN_IF_ERROR(classify(pooled, &out->logits, &out->probs, opt));
@@ -502,7 +614,15 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
     const int64_t V = c.stem.vocab_size;
     Tensor logits = Tensor::empty({B, T, V});
     Tensor l2 = logits.reshape({B * T, V});
-    TSR_RETURN_IF_ERROR(ex.linear(L.head, x.reshape({B * T, C}), l2));
+    Tensor rows = x;
+    if (L.transform.defined()) {  // dense + activation + layer norm (BERT MLM, ESM-2)
+      Tensor t1 = Tensor::empty({B * T, C});
+      TSR_RETURN_IF_ERROR(ex.linear(L.transform, x.reshape({B * T, C}), t1));
+      rows = Tensor::empty({B, T, C});
+      TSR_RETURN_IF_ERROR(ex.layer_norm(t1.reshape({B, T, C}), L.transform_g, L.transform_b,
+                                        static_cast<float>(c.norm_eps), rows));
+    }
+    TSR_RETURN_IF_ERROR(ex.linear(L.head, rows.reshape({B * T, C}), l2));
     out->logits = logits;
     if (!packed) {  // next-token distribution after each item's last valid row
       Tensor last = Tensor::empty({B, V});
@@ -526,7 +646,13 @@ Status Model::classify(const Tensor& pooled, Tensor* logits, Tensor* probs, cons
   const model::Exec ex{opt.reference};
   const int64_t N = pooled.dim(0);
   *logits = Tensor::empty({N, c.head.n_classes});
-  TSR_RETURN_IF_ERROR(ex.linear(layers_->head, pooled, *logits));
+  if (layers_->head_g.defined()) {  // AST's MLP head: layer norm, then the classifier
+    Tensor normed = Tensor::empty({N, pooled.dim(1)});
+    TSR_RETURN_IF_ERROR(ex.layer_norm(pooled, layers_->head_g, layers_->head_b, static_cast<float>(c.norm_eps), normed));
+    TSR_RETURN_IF_ERROR(ex.linear(layers_->head, normed, *logits));
+  } else {
+    TSR_RETURN_IF_ERROR(ex.linear(layers_->head, pooled, *logits));
+  }
   *probs = Tensor::empty({N, c.head.n_classes});
   return ex.softmax(*logits, *probs);
 }

@@ -22,13 +22,19 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
   const bool tokens = c.stem.kind == StemKind::tokens || c.stem.kind == StemKind::mixed;
   const bool features = c.stem.kind == StemKind::features || c.stem.kind == StemKind::mixed;
   if (tokens) add("stem.embed", {c.stem.vocab_size, C}, I::matrix);
+  if (tokens && c.stem.token_types > 0) add("stem.type_embed", {c.stem.token_types, C}, I::matrix);
   if (features) {
     add("stem.proj", {c.stem.n_features, C}, I::matrix);
     if (c.bias) add("stem.proj_bias", {C}, I::zeros);
     if (c.stem.cls) add("stem.cls", {C}, I::matrix);
+    if (c.stem.cls && c.stem.dist) add("stem.dist", {C}, I::matrix);
   }
   if (c.stem.modalities > 0) add("stem.modality", {c.stem.modalities, C}, I::matrix);
   if (c.positions.kind == PositionKind::learned) add("pos.table", {c.positions.max_len, C}, I::matrix);
+  if (c.stem.norm) {
+    add("stem.norm.gamma", {C}, I::ones);
+    add("stem.norm.beta", {C}, I::zeros);
+  }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     // Drawn head by head, W_Q heads first, then W_K, W_V, W_O: the order of the seeds' NumPy code.
@@ -66,6 +72,22 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
     add("final_norm.gamma", {C}, I::ones);
     add("final_norm.beta", {C}, I::zeros);
   }
+  const bool pooled = c.head.kind == HeadKind::pool || c.head.kind == HeadKind::classifier;
+  if (pooled && c.head.pooler) {
+    add("head.pooler.w", {C, C}, I::matrix);
+    add("head.pooler.b", {C}, I::zeros);
+  }
+  if (pooled && c.head.norm) {
+    add("head.norm.gamma", {C}, I::ones);
+    add("head.norm.beta", {C}, I::zeros);
+  }
+  if (c.head.kind == HeadKind::lm && c.head.transform) {
+    add("head.transform.w", {C, C}, I::matrix);
+    add("head.transform.b", {C}, I::zeros);
+    add("head.transform.gamma", {C}, I::ones);
+    add("head.transform.beta", {C}, I::zeros);
+  }
+  if (c.head.kind == HeadKind::lm && c.head.tied && c.head.lm_bias) add("head.lm_bias", {c.stem.vocab_size}, I::zeros);
   if (c.head.kind == HeadKind::classifier) {
     add("head.w", {C, c.head.n_classes}, I::matrix);
     if (c.bias) add("head.b", {c.head.n_classes}, I::zeros);
@@ -145,6 +167,9 @@ Sources gather(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Diag
 
   for (const auto& [name, it] : cfg.weights.inline_tensors)
     offer(name, it.value, it.where.file.empty() ? Location{"<inline>"} : it.where, "model.weights.inline." + name, "");
+  const Location folder_at = cfg.weights.file_where.file.empty() ? Location{cfg.path} : cfg.weights.file_where;
+  for (const auto& [name, it] : cfg.weights.imported)
+    offer(name, it.value, folder_at, "model.path", " (" + it.source + ")");
   if (!path.empty()) {
     Result<safetensors::File> f = safetensors::File::open(path);
     if (!f.ok()) {

@@ -769,6 +769,7 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
       if (task == TaskKind::hidden) values.slice(0, row_at, row_at + n).copy_from(h);
       row_at += n;
     }
+    TSR_RETURN_IF_ERROR(model_->pool_head(pooled, fo));
     if (task == TaskKind::embed) values = pooled;
     Tensor probs;
     if (task == TaskKind::classify) {
