@@ -10,10 +10,12 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <sstream>
 #include <type_traits>
 #include <utility>
 
 #include "config/expr.h"
+#include "tessera/hf.h"
 
 namespace tessera {
 namespace config {
@@ -50,7 +52,9 @@ const Names<DataFormat> kDataFormatNames = {{"auto", DataFormat::auto_detect}, {
                                             {"fasta", DataFormat::fasta},       {"lines", DataFormat::lines}};
 const Names<TaskKind> kTaskNames = {
     {"embed", TaskKind::embed}, {"hidden", TaskKind::hidden}, {"classify", TaskKind::classify}, {"score", TaskKind::score}};
-const Names<PoolKind> kPoolNames = {{"cls", PoolKind::cls}, {"mean", PoolKind::mean}, {"last", PoolKind::last}};
+const Names<PoolKind> kPoolNames = {
+    {"cls", PoolKind::cls}, {"mean", PoolKind::mean}, {"last", PoolKind::last}, {"cls_dist", PoolKind::cls_dist}};
+const Names<ModelSource> kSourceNames = {{"tessera", ModelSource::tessera}, {"hf", ModelSource::hf}};
 // Names from random.h, so that the config and the initialiser cannot disagree.
 const Names<InitScheme> kInitNames = [] {
   Names<InitScheme> n;
@@ -650,6 +654,26 @@ bool read_path(const Node& n, const std::string& key, WalkContext& c, bool must_
   return true;
 }
 
+KeyRule model_path_key() {
+  KeyRule r;
+  r.spec = {"model.path", "path", "none",
+            "from: hf: the Hugging Face model folder (config.json, model.safetensors or shards with their index, "
+            "tokenizer or preprocessor files); relative to the YAML file"};
+  r.nullable = true;
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    std::string p;
+    if (!read_path(n, key, c, true, &p)) return false;
+    if (!std::filesystem::is_directory(p)) {
+      c.error(n, key, "not a directory: " + p, "model.path names a Hugging Face model folder");
+      return false;
+    }
+    c.exp->model.path = p;
+    return true;
+  };
+  r.print = [](const Experiment& e) { return e.model.path.empty() ? std::string("null") : quote(e.model.path); };
+  return r;
+}
+
 KeyRule data_path_key() {
   KeyRule r;
   r.spec = {"data.path", "path", "none",
@@ -929,6 +953,12 @@ std::vector<KeyRule> build_rules() {
   std::vector<KeyRule> r;
   r.push_back(include_key());
   r.push_back(string_key("model.name", "\"\"", "a name for reports", FIELD(model.name)));
+  r.push_back(enum_key("model.from", kSourceNames, "tessera",
+                       "tessera: the keys below describe the model; hf: a Hugging Face model folder (model.path) "
+                       "gives the architecture, weights and plugin options, and only name, dtype, head and "
+                       "runtime keys may be set beside it",
+                       FIELD(model.source)));
+  r.push_back(model_path_key());
   r.push_back(enum_key("model.arch", kArchNames, "encoder", "encoder or decoder stack", FIELD(model.arch)));
   r.push_back(bool_key("model.causal", "true if arch is decoder, else false",
                        "each row attends only to itself and earlier rows", FIELD(model.causal)));
@@ -987,6 +1017,18 @@ std::vector<KeyRule> build_rules() {
                        FIELD(model.stem.cls)));
   r.push_back(enum_key("model.stem.scale", kEmbedScaleNames, "none",
                        "multiply the stem's rows by sqrt(d_model), as in 2017", FIELD(model.stem.scale)));
+  r.push_back(int_key("model.stem.token_types", {0, ">= 0", kIntMax}, "0",
+                      "tokens, mixed: rows of a learned token-type embedding added to each token row (BERT)",
+                      FIELD(model.stem.token_types)));
+  r.push_back(bool_key("model.stem.norm", "false", "a layer norm over the stem's rows after positions (BERT)",
+                       FIELD(model.stem.norm)));
+  r.push_back(bool_key("model.stem.dist", "false",
+                       "with cls: a learned distillation row after the CLS row (DeiT, AST)", FIELD(model.stem.dist)));
+  r.push_back(bool_key("model.stem.token_dropout", "false",
+                       "ESM-2: zero the mask token's rows and rescale each sequence by its masked share",
+                       FIELD(model.stem.token_dropout)));
+  r.push_back(int_key("model.stem.mask_id", {-1, ">= -1", kIntMax}, "-1", "token_dropout: the mask token's id",
+                      FIELD(model.stem.mask_id)));
   r.push_back(int_key("model.stem.modalities", {0, ">= 0", kIntMax}, "0",
                       "> 0: a learned embedding per modality (per plugin, in order), added to each row",
                       FIELD(model.stem.modalities)));
@@ -1003,6 +1045,17 @@ std::vector<KeyRule> build_rules() {
   r.push_back(bool_key("model.head.tied", "true",
                        "lm only: logits through the token embedding table; needs stem.kind tokens",
                        FIELD(model.head.tied)));
+  r.push_back(bool_key("model.head.lm_bias", "false",
+                       "lm, tied: a learned bias over the vocabulary (untied heads have one when model.bias)",
+                       FIELD(model.head.lm_bias)));
+  r.push_back(bool_key("model.head.pooler", "false",
+                       "pool, classifier: a dense layer with tanh on the pooled vector (BERT's and ViT's pooler)",
+                       FIELD(model.head.pooler)));
+  r.push_back(bool_key("model.head.norm", "false", "classifier: a layer norm on the pooled vector first (AST)",
+                       FIELD(model.head.norm)));
+  r.push_back(bool_key("model.head.transform", "false",
+                       "lm: dense, activation and layer norm before the vocabulary projection (BERT MLM, ESM-2)",
+                       FIELD(model.head.transform)));
   r.push_back(enum_key("model.init.scheme", kInitNames, "glorot_normal",
                        "initialisation of weights that are not loaded", FIELD(model.init.scheme)));
   r.push_back(float_key("model.init.std", "0.02", "standard deviation for scheme normal", FIELD(model.init.std)));
@@ -1072,8 +1125,80 @@ std::vector<KeyRule> build_rules() {
 std::string str(int64_t v) { return std::to_string(v); }
 std::string count(int64_t n, const std::string& noun) { return str(n) + " " + noun + (n == 1 ? "" : "s"); }
 
+// model.from: hf: the folder gives the model; only name, dtype and head keys may be written beside
+// it, and they override what the folder says. The experiment's plugin of the folder's modality
+// gets the folder's options (vocabulary, image size, mean and std, mel settings) unless the YAML
+// sets them.
+void resolve_hf_model(WalkContext& c) {
+  ModelConfig& m = c.exp->model;
+  if (!c.is_given("model.path")) {
+    if (!c.is_bad("model.path"))
+      c.error(c.where("model.from"), "model.path", "required key is missing (model.from is hf)",
+              "add `path: <folder>` under `model:`");
+    return;
+  }
+  const std::string folder_json = m.path + "/config.json";
+  for (const std::string& k : c.given) {
+    if (k.rfind("model.", 0) != 0 || k == "model.from" || k == "model.path" || k == "model.name" ||
+        k == "model.dtype" || k.rfind("model.head.", 0) == 0 || k == "model.include")
+      continue;
+    c.error(c.where(k), k, "is set by " + folder_json + " (model.from is hf)",
+            "remove it; beside from: hf only name, dtype and head keys may be set");
+  }
+  hf::ImportOptions opt;
+  for (const PluginConfig& pc : c.exp->plugins)
+    if (pc.name == "image" && pc.option_where.count("image_size"))
+      for (const auto& [k, v] : pc.options)
+        if (k == "image_size") {
+          std::stringstream ss(v);
+          for (std::string x; std::getline(ss, x, ',');) opt.image_size.push_back(std::stoll(x));
+          if (opt.image_size.size() == 1) opt.image_size.push_back(opt.image_size[0]);
+        }
+  Diagnostics d;
+  std::optional<hf::Folder> f = hf::import_folder(m.path, opt, c.where("model.path"), &d);
+  for (const Diagnostic& x : d.items()) c.error(x.where, x.key, x.problem, x.hint);
+  if (!f) return;
+  ModelConfig user = m;
+  m = f->model;
+  if (c.is_given("model.name")) m.name = user.name;
+  if (c.is_given("model.dtype")) m.dtype = user.dtype;
+  const bool kind_changed = c.is_given("model.head.kind") && user.head.kind != m.head.kind;
+  if (kind_changed) {
+    m.head = HeadConfig{};
+    m.head.kind = user.head.kind;
+    m.head.pool = m.causal ? PoolKind::last : (m.stem.cls ? PoolKind::cls : PoolKind::mean);
+  }
+#define TSR_HEAD_KEY(field) \
+  if (c.is_given("model.head." #field)) m.head.field = user.head.field;
+  TSR_HEAD_KEY(pool)
+  TSR_HEAD_KEY(normalize)
+  TSR_HEAD_KEY(n_classes)
+  TSR_HEAD_KEY(labels)
+  TSR_HEAD_KEY(tied)
+  TSR_HEAD_KEY(lm_bias)
+  TSR_HEAD_KEY(pooler)
+  TSR_HEAD_KEY(norm)
+  TSR_HEAD_KEY(transform)
+#undef TSR_HEAD_KEY
+  m.notes = f->notes;
+  for (PluginConfig& pc : c.exp->plugins) {
+    if (pc.name != f->plugin) continue;
+    for (const auto& [k, v] : f->plugin_options) {
+      if (pc.option_where.count(k)) continue;  // the YAML's own choice wins
+      for (auto& [name, value] : pc.options)
+        if (name == k) value = v;
+    }
+  }
+}
+
 void resolve_model(WalkContext& c) {
   ModelConfig& m = c.exp->model;
+  if (m.source == ModelSource::hf) {
+    resolve_hf_model(c);
+    return;
+  }
+  if (c.is_given("model.path"))
+    c.error(c.where("model.path"), "model.path", "applies only with model.from: hf", "add `from: hf` under `model:`");
   auto missing = [&](const std::string& key, const std::string& why, const std::string& hint) {
     if (c.is_bad("model.include")) return;  // the keys may well be in the file that failed
     c.error(c.where(key), key, "required key is missing" + why, hint);
@@ -1187,6 +1312,23 @@ void resolve_model(WalkContext& c) {
                         "but stem.kind is ") + stem_kind_name(s.kind),
             "set head.tied: false");
   }
+
+  // Keys of particular families (BERT, AST, ESM-2): each needs the part it belongs to.
+  auto needs = [&](bool set, bool fine, const char* key, const std::string& why) {
+    if (set && !fine) c.error(c.where(key), key, why);
+  };
+  const bool tokens = s.kind == StemKind::tokens || s.kind == StemKind::mixed;
+  const bool pooled = h.kind == HeadKind::pool || h.kind == HeadKind::classifier;
+  needs(s.token_types > 0, tokens, "model.stem.token_types", "token types need stem.kind tokens or mixed");
+  needs(s.dist, s.cls, "model.stem.dist", "dist: true needs stem.cls: true (the distillation row follows the CLS row)");
+  needs(s.token_dropout, tokens && s.mask_id >= 0 && (s.vocab_size == 0 || s.mask_id < s.vocab_size),
+        "model.stem.token_dropout", "token_dropout needs a token stem and stem.mask_id within the vocabulary");
+  needs(h.pooler, pooled, "model.head.pooler", "pooler: true needs head.kind pool or classifier");
+  needs(h.norm, h.kind == HeadKind::classifier, "model.head.norm", "head.norm: true needs head.kind classifier");
+  needs(h.transform, h.kind == HeadKind::lm, "model.head.transform", "transform: true needs head.kind lm");
+  needs(h.lm_bias, h.kind == HeadKind::lm && h.tied, "model.head.lm_bias",
+        "lm_bias: true needs a tied lm head (an untied one has its bias when model.bias)");
+  needs(h.pool == PoolKind::cls_dist, s.dist, "model.head.pool", "pool: cls_dist needs stem.dist: true");
 
   // Weights.
   if (!c.is_given("model.weights.allow_missing")) {
@@ -1370,6 +1512,7 @@ const char* stem_kind_name(StemKind s) { return config::name_of(config::kStemNam
 const char* embed_scale_name(EmbedScale s) { return config::name_of(config::kEmbedScaleNames, s); }
 const char* head_kind_name(HeadKind h) { return config::name_of(config::kHeadNames, h); }
 const char* pool_kind_name(PoolKind p) { return config::name_of(config::kPoolNames, p); }
+const char* model_source_name(ModelSource s) { return config::name_of(config::kSourceNames, s); }
 const char* data_format_name(DataFormat f) { return config::name_of(config::kDataFormatNames, f); }
 const char* task_kind_name(TaskKind t) { return config::name_of(config::kTaskNames, t); }
 

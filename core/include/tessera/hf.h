@@ -1,0 +1,73 @@
+// Hugging Face model folders: config.json, the safetensors weights (one file, or shards with
+// their index) and the tokenizer or preprocessor files beside them, read into a ModelConfig whose
+// weights are the checkpoint's own tensors under Tessera's parameter names.
+//
+//   Diagnostics diags;
+//   std::optional<hf::Folder> f = hf::import_folder("/models/all-MiniLM-L6-v2", {}, {}, &diags);
+//   if (!f) { fputs(diags.str().c_str(), stderr); return 2; }  // every problem at once
+//   Result<Model> model = Model::build(f->model);
+//
+// In YAML this is `model: {from: hf, path: DIR}`; the loader calls import_folder and fills the
+// options of the experiment's plugin (vocabulary, image size, mean and std, mel settings) from the
+// folder, unless the YAML sets them.
+//
+// Families (config.json's model_type):
+//   bert  BERT, MiniLM, sentence-transformers: post-LN, token types, embedding layer norm; the
+//         pooling of sentence-transformers' modules.json (mean + L2 normalisation for MiniLM),
+//         else the CLS pooler (dense + tanh); BertForMaskedLM and BertForSequenceClassification.
+//   gpt2  pre-LN decoder; Conv1D weights are already (in, out); c_attn split into Q, K, V; tanh GELU;
+//         LM head tied to the token table.
+//   vit   patch Conv2d as the linear stem over the image plugin's patches, CLS row, learned
+//         positions (bicubically resized, as transformers 4.40 does, for another image size),
+//         classifier on the CLS row.
+//   esm   ESM-2: rotary positions, token-dropout rescaling, emb_layer_norm_after, masked-LM head
+//         (dense, GELU, layer norm, tied decoder with bias).
+//   ast   Audio Spectrogram Transformer: Kaldi fbank 16x16 patches (stride 10) as the linear stem,
+//         CLS and distillation rows, learned positions, classifier on their mean after a layer norm.
+// Weights may be F32, F16 or BF16. F32 tensors are zero-copy views of the memory-mapped files
+// (transposed views where Hugging Face stores (out, in)); F16 and BF16 are widened to f32 once.
+//
+// Problems are reported as Diagnostics at `where` (key "model.path"), each naming the file: a
+// missing or malformed config.json (with line and column), an unknown model_type (naming the known
+// families), settings Tessera does not implement, missing tokenizer or preprocessor files, and
+// every missing, unexpected or mis-shaped tensor with its expected and found shapes — all of them
+// in one pass.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/config.h"
+
+namespace tessera::hf {
+
+struct ImportOptions {
+  // vit: the image size the plugin will cut patches from ({height, width}); empty: config.json's.
+  // Another size resizes the learned position grid.
+  std::vector<int64_t> image_size;
+};
+
+struct Folder {
+  std::string family;    // bert, gpt2, vit, esm, ast
+  std::string hf_class;  // config.json's architectures[0], e.g. "BertModel"
+  ModelConfig model;     // resolved, with weights.imported holding every parameter
+  std::string plugin;    // the modality plugin that feeds it: text, image, audio or protein
+  // That plugin's options as the folder implies them, as canonical text (see PluginConfig).
+  std::vector<std::pair<std::string, std::string>> plugin_options;
+  std::vector<std::string> notes;  // what was read and what was left out, for `tessera check`
+};
+
+std::optional<Folder> import_folder(const std::string& dir, const ImportOptions& options, const Location& where,
+                                    Diagnostics* diags);
+
+// "bert, gpt2, vit, esm, ast"
+const std::vector<std::string>& known_families();
+
+// Resizes a (gh·gw, C) grid of position rows to (oh·ow, C) as torch.nn.functional.interpolate
+// (mode bicubic, align_corners false, A = -0.75, edges clamped) does with the given scale factors
+// (output = floor(input · scale); source = (dest + 0.5) / scale - 0.5).
+Tensor resize_position_grid(const Tensor& grid, int64_t gh, int64_t gw, double scale_h, double scale_w);
+
+}  // namespace tessera::hf

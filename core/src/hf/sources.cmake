@@ -1,0 +1,3 @@
+# Hugging Face model folders (config.json, safetensors, tokenizer files) -> ModelConfig.
+target_sources(tessera PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/import.cpp)

@@ -1,0 +1,459 @@
+// Hugging Face model folders: five families loaded from small random checkpoints that
+// tools/reference/make_hf_fixtures.py made with transformers 4.40.2, matched per layer against the
+// reference's own hidden states, pooled outputs, logits and attention maps (1e-4 absolute, f32),
+// on the oneDNN path and the reference loops. The plugins, configured from the folder alone, give
+// the reference's inputs. Bad folders give one clear message naming the file and the problem.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "tessera/config.h"
+#include "tessera/hf.h"
+#include "tessera/model.h"
+#include "tessera/plugins.h"
+#include "tessera/safetensors.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kHf = std::string(TESSERA_TEST_DATA) + "/hf/";
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.numel(), b.numel());
+  if (a.numel() != b.numel()) return INFINITY;
+  const Tensor x = a.to(DType::f32), y = b.to(DType::f32);
+  float m = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float d = std::fabs(x.data<float>()[i] - y.data<float>()[i]);
+    m = std::isnan(d) ? INFINITY : std::max(m, d);
+  }
+  return m;
+}
+
+struct Reference {
+  safetensors::File file;
+  nlohmann::json meta;
+  Tensor get(const std::string& name) const {
+    Result<Tensor> t = file.get(name);
+    EXPECT_TRUE(t.ok()) << name;
+    return t.ok() ? *t : Tensor();
+  }
+  bool has(const std::string& name) const { return file.find(name) != nullptr; }
+  size_t items() const { return meta["items"].size(); }
+};
+
+Reference reference(const std::string& family) {
+  Result<safetensors::File> f = safetensors::File::open(kHf + family + "/reference.safetensors");
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  std::ifstream in(kHf + family + "/reference.json");
+  return {std::move(f).value(), nlohmann::json::parse(in)};
+}
+
+hf::Folder import(const std::string& dir, hf::ImportOptions opt = {}) {
+  Diagnostics d;
+  std::optional<hf::Folder> f = hf::import_folder(dir, opt, Location{"t.yaml", 1, 1}, &d);
+  EXPECT_TRUE(f.has_value()) << d.str();
+  return f ? *f : hf::Folder{};
+}
+
+// Conv2d patches of an image (ch, H, W) -> (H/p · W/p, ch·p·p), rows and features in Conv2d order.
+Tensor image_patches(const Tensor& px, int64_t p) {
+  const int64_t ch = px.dim(0), H = px.dim(1), W = px.dim(2), gh = H / p, gw = W / p;
+  Tensor out = Tensor::empty({gh * gw, ch * p * p});
+  const Tensor x = px.contiguous();
+  for (int64_t gy = 0; gy < gh; ++gy)
+    for (int64_t gx = 0; gx < gw; ++gx)
+      for (int64_t c = 0; c < ch; ++c)
+        for (int64_t ky = 0; ky < p; ++ky)
+          for (int64_t kx = 0; kx < p; ++kx)
+            out.data<float>()[(gy * gw + gx) * ch * p * p + (c * p + ky) * p + kx] =
+                x.data<float>()[(c * H + gy * p + ky) * W + gx * p + kx];
+  return out;
+}
+
+// AST: input_values (frames, mels) -> the spectrogram (mels, frames) cut by a 16x16 Conv2d with
+// stride 10, frequency-major.
+Tensor ast_patches(const Tensor& iv, int64_t p, int64_t s) {
+  const int64_t frames = iv.dim(0), mels = iv.dim(1);
+  const int64_t fp = (mels - p) / s + 1, tp = (frames - p) / s + 1;
+  Tensor out = Tensor::empty({fp * tp, p * p});
+  const Tensor x = iv.contiguous();
+  for (int64_t fi = 0; fi < fp; ++fi)
+    for (int64_t ti = 0; ti < tp; ++ti)
+      for (int64_t kf = 0; kf < p; ++kf)
+        for (int64_t kt = 0; kt < p; ++kt)
+          out.data<float>()[(fi * tp + ti) * p * p + kf * p + kt] = x.data<float>()[(ti * s + kt) * mels + fi * s + kf];
+  return out;
+}
+
+Batch batch_of(const std::string& family, const Tensor& input, const ModelConfig& m) {
+  if (family == "vit") return Batch::from_rows(image_patches(input, std::lround(std::sqrt(m.stem.n_features / 3.0))));
+  if (family == "ast") return Batch::from_rows(ast_patches(input, 16, 10));
+  const Tensor ids = input.to(DType::i32).contiguous();
+  return Batch::from_ids(std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel()));
+}
+
+constexpr float kTol = 1e-4f;
+
+// Every item, every layer: embeddings, block outputs, final hidden rows, pooled, logits, attention.
+void expect_parity(const std::string& family, const Model& model, const Reference& ref, size_t item,
+                   bool reference_loops) {
+  const std::string i = std::to_string(item);
+  SCOPED_TRACE(family + " item " + i + (reference_loops ? " (reference loops)" : " (oneDNN)"));
+  const ModelConfig& m = model.config();
+  ForwardOptions fo;
+  fo.reference = reference_loops;
+  fo.capture = {"stem.out"};
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    fo.capture.insert("blocks." + std::to_string(l) + ".out");
+    fo.capture.insert("blocks." + std::to_string(l) + ".attn.weights");
+  }
+  Outputs out;
+  Status st = model.forward(batch_of(family, ref.get("inputs." + i), m), fo, &out);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_LE(max_abs_diff(out.captured.at("stem.out"), ref.get("embeddings." + i)), kTol) << "embeddings";
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const std::string L = std::to_string(l);
+    EXPECT_LE(max_abs_diff(out.captured.at("blocks." + L + ".out"), ref.get("layer." + L + "." + i)), kTol)
+        << "layer " << l;
+    if (ref.has("attn." + L + "." + i))
+      EXPECT_LE(max_abs_diff(out.captured.at("blocks." + L + ".attn.weights"), ref.get("attn." + L + "." + i)), kTol)
+          << "attention of layer " << l;
+  }
+  EXPECT_LE(max_abs_diff(out.hidden, ref.get("final." + i)), kTol) << "final hidden rows";
+  if (m.head.kind == HeadKind::lm || m.head.kind == HeadKind::classifier) {
+    ASSERT_TRUE(ref.has("logits." + i));
+    EXPECT_LE(max_abs_diff(out.logits, ref.get("logits." + i)), kTol) << "logits";
+  }
+  if (family == "ast") EXPECT_LE(max_abs_diff(out.pooled, ref.get("pooled." + i)), kTol) << "pooled";
+  if (family == "bert") EXPECT_LE(max_abs_diff(out.pooled, ref.get("sentence." + i)), kTol) << "sentence embedding";
+}
+
+void family_parity(const std::string& family) {
+  const Reference ref = reference(family);
+  const hf::Folder f = import(kHf + family + "/model");
+  Result<Model> model = Model::build(f.model);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  size_t tested = 0;
+  for (size_t item = 0; item < ref.items(); ++item) {
+    if (ref.meta["items"][item].value("interpolate_pos_encoding", false)) continue;  // its own test
+    for (bool loops : {false, true}) expect_parity(family, *model, ref, item, loops);
+    ++tested;
+  }
+  EXPECT_GE(tested, 2u);
+}
+
+TEST(HfParity, BertMatchesPerLayerAndSentenceEmbedding) { family_parity("bert"); }
+TEST(HfParity, Gpt2ShardedMatchesPerLayerAndLogits) { family_parity("gpt2"); }
+TEST(HfParity, VitF16MatchesPerLayerAndClassifier) { family_parity("vit"); }
+TEST(HfParity, EsmBf16MatchesPerLayerLogitsAndAttentionMaps) { family_parity("esm"); }
+TEST(HfParity, AstMatchesPerLayerPooledAndClassifier) { family_parity("ast"); }
+
+TEST(HfParity, VitInterpolatesThePositionGridForAnotherImageSize) {
+  const Reference ref = reference("vit");
+  size_t item = 0;
+  while (item < ref.items() && !ref.meta["items"][item].value("interpolate_pos_encoding", false)) ++item;
+  ASSERT_LT(item, ref.items());
+  hf::ImportOptions opt;
+  opt.image_size = {48, 48};
+  const hf::Folder f = import(kHf + "vit/model", opt);
+  EXPECT_EQ(f.model.positions.max_len, 1 + 6 * 6);
+  Result<Model> model = Model::build(f.model);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  expect_parity("vit", *model, ref, item, false);
+}
+
+TEST(HfParity, BertPoolerWhenTheFolderHasNoSentenceTransformersPooling) {
+  const fs::path dir = fs::temp_directory_path() / "tessera_hf_bert_pooler";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* name : {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"})
+    fs::copy_file(kHf + "bert/model/" + name, dir / name);
+  const hf::Folder f = import(dir.string());
+  EXPECT_EQ(f.model.head.kind, HeadKind::pool);
+  EXPECT_TRUE(f.model.head.pooler);
+  EXPECT_FALSE(f.model.head.normalize);
+  Result<Model> model = Model::build(f.model);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const Reference ref = reference("bert");
+  for (size_t item = 0; item < ref.items(); ++item) {
+    Outputs out;
+    ASSERT_TRUE(model->forward(batch_of("bert", ref.get("inputs." + std::to_string(item)), f.model), {}, &out).ok());
+    EXPECT_LE(max_abs_diff(out.pooled, ref.get("pooled." + std::to_string(item))), kTol) << "item " << item;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(HfImport, ReadsTheArchitectureAndThePluginOptions) {
+  const hf::Folder bert = import(kHf + "bert/model");
+  EXPECT_EQ(bert.family, "bert");
+  EXPECT_EQ(bert.model.norm, NormPlacement::post);
+  EXPECT_TRUE(bert.model.stem.norm);
+  EXPECT_EQ(bert.model.stem.token_types, 2);
+  EXPECT_EQ(bert.model.head.pool, PoolKind::mean);  // sentence-transformers' modules.json
+  EXPECT_TRUE(bert.model.head.normalize);
+  EXPECT_EQ(bert.plugin, "text");
+  const hf::Folder gpt2 = import(kHf + "gpt2/model");
+  EXPECT_TRUE(gpt2.model.causal);
+  EXPECT_EQ(gpt2.model.activation, Activation::gelu_tanh);
+  EXPECT_EQ(gpt2.model.head.kind, HeadKind::lm);
+  EXPECT_TRUE(gpt2.model.head.tied);
+  // GPT-2's fused c_attn is split into Q, K and V views of the mapped shard.
+  const std::string src = gpt2.model.weights.imported.at("blocks.1.attn.w_k").source;
+  EXPECT_NE(src.find("attn.c_attn.weight columns 32:64"), std::string::npos) << src;
+  const hf::Folder esm = import(kHf + "esm/model");
+  EXPECT_EQ(esm.model.positions.kind, PositionKind::rotary);
+  EXPECT_TRUE(esm.model.stem.token_dropout);
+  EXPECT_EQ(esm.model.stem.mask_id, 32);
+  const hf::Folder ast = import(kHf + "ast/model");
+  EXPECT_TRUE(ast.model.stem.dist);
+  EXPECT_EQ(ast.model.head.pool, PoolKind::cls_dist);
+  EXPECT_EQ(ast.model.positions.max_len, 62);
+}
+
+// The plugins, configured by the loader from the folder alone, give the reference's inputs.
+Experiment load(const std::string& yaml) {
+  Diagnostics d;
+  LoadOptions lo;
+  std::optional<Experiment> e = load_experiment_from_string(yaml, "t.yaml", kHf, lo, &d);
+  EXPECT_TRUE(e.has_value()) << d.str();
+  return e ? *e : Experiment{};
+}
+
+std::vector<TokenRows> encode(const Experiment& exp, const std::string& source, const std::string& text) {
+  Result<std::shared_ptr<const Plugin>> p = Plugin::load(exp.plugins.at(0).file);
+  EXPECT_TRUE(p.ok());
+  Result<Encoder> enc = Encoder::create(*p, exp.plugins.at(0).options);
+  EXPECT_TRUE(enc.ok()) << enc.status().message();
+  std::string bytes = text;
+  if (!source.empty()) {
+    std::ifstream in(source, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  PluginItem item;
+  item.id = "x";
+  item.source = source;
+  item.data = bytes;
+  Result<std::vector<TokenRows>> rows = enc->encode(item);
+  EXPECT_TRUE(rows.ok()) << rows.status().message();
+  return rows.ok() ? *rows : std::vector<TokenRows>{};
+}
+
+void expect_ids(const std::string& family, const std::string& plugin) {
+  const Experiment exp = load("model: {from: hf, path: " + family + "/model}\nplugins: [{name: " + plugin + "}]\n");
+  const Reference ref = reference(family);
+  size_t checked = 0;
+  for (size_t i = 0; i < ref.items(); ++i) {
+    const std::string text = ref.meta["items"][i].value("text", "");
+    if (text.find("<mask>") != std::string::npos) continue;  // FASTA has no mask token
+    const std::string data = plugin == "protein" ? ">x\n" + text + "\n" : text;
+    std::vector<TokenRows> rows = encode(exp, "", data);
+    ASSERT_EQ(rows.size(), 1u);
+    const Tensor want = ref.get("inputs." + std::to_string(i));
+    EXPECT_EQ(rows[0].ids, std::vector<int32_t>(want.data<int32_t>(), want.data<int32_t>() + want.numel())) << text;
+    ++checked;
+  }
+  EXPECT_GE(checked, 3u);
+}
+
+TEST(HfPlugins, TextAndProteinOptionsFromTheFolderGiveTheReferenceIds) {
+  expect_ids("bert", "text");
+  expect_ids("gpt2", "text");
+  expect_ids("esm", "protein");
+}
+
+TEST(HfPlugins, ImageAndAudioOptionsFromTheFolderGiveTheReferenceRows) {
+  const std::string root = std::string(TESSERA_SOURCE_DIR) + "/";
+  {
+    const Experiment exp = load("model: {from: hf, path: vit/model}\nplugins: [{name: image}]\n");
+    const Reference ref = reference("vit");
+    for (size_t i = 0; i < 2; ++i) {
+      std::vector<TokenRows> rows = encode(exp, root + ref.meta["items"][i]["path"].get<std::string>(), "");
+      ASSERT_EQ(rows.size(), 1u);
+      const Tensor want = image_patches(ref.get("inputs." + std::to_string(i)), 8);
+      EXPECT_EQ(rows[0].size(), want.dim(0) + 1);  // the CLS row first
+      EXPECT_LE(max_abs_diff(rows[0].features.slice(0, 1, rows[0].size()), want), 1e-5f) << "image " << i;
+    }
+  }
+  {
+    const Experiment exp = load("model: {from: hf, path: ast/model}\nplugins: [{name: audio}]\n");
+    const Reference ref = reference("ast");
+    const std::vector<std::string> files = {root + "tests/data/audio/cards_001.wav",
+                                            root + "tests/data/audio/espeak_seven.wav"};
+    for (size_t i = 0; i < files.size(); ++i) {
+      std::vector<TokenRows> rows = encode(exp, files[i], "");
+      ASSERT_EQ(rows.size(), 1u);
+      const Tensor want = ast_patches(ref.get("inputs." + std::to_string(i)), 16, 10);
+      EXPECT_EQ(rows[0].size(), want.dim(0) + 2);  // CLS and distillation rows first
+      // HF's NumPy fbank against the plugin's FFTW one (tests/data/audio: within 1e-4 before the
+      // AST normalisation, which divides by 2·4.57).
+      EXPECT_LE(max_abs_diff(rows[0].features.slice(0, 2, rows[0].size()), want), 1e-4f) << files[i];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad folders: one message naming the file and the problem, never a crash.
+
+struct Scratch {
+  fs::path dir;
+  explicit Scratch(const std::string& family, const std::string& name) {
+    dir = fs::temp_directory_path() / ("tessera_hf_bad_" + name);
+    fs::remove_all(dir);
+    fs::copy(kHf + family + "/model", dir, fs::copy_options::recursive);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  void write(const std::string& name, const std::string& text) const { std::ofstream(path(name), std::ios::binary) << text; }
+  std::string read(const std::string& name) const {
+    std::ifstream in(path(name), std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  std::string errors(hf::ImportOptions opt = {}) const {
+    Diagnostics d;
+    std::optional<hf::Folder> f = hf::import_folder(dir.string(), opt, Location{"t.yaml", 2, 3}, &d);
+    EXPECT_FALSE(f.has_value());
+    return d.str();
+  }
+};
+
+void replace_in(const Scratch& s, const std::string& name, const std::string& from, const std::string& to) {
+  std::string text = s.read(name);
+  const auto p = text.find(from);
+  ASSERT_NE(p, std::string::npos) << from;
+  text.replace(p, from.size(), to);
+  s.write(name, text);
+}
+
+TEST(HfBadInput, UnknownModelTypeNamesTheKnownFamilies) {
+  Scratch s("bert", "type");
+  replace_in(s, "config.json", "\"model_type\": \"bert\"", "\"model_type\": \"llama\"");
+  const std::string e = s.errors();
+  EXPECT_NE(e.find("t.yaml:2:3: model.path: " + s.path("config.json") + ": model_type \"llama\" is not a family "
+                   "Tessera knows (bert, gpt2, vit, esm, audio-spectrogram-transformer)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(HfBadInput, ConfigThatContradictsTheWeightsListsEveryTensor) {
+  Scratch s("bert", "contradict");
+  replace_in(s, "config.json", "\"intermediate_size\": 64", "\"intermediate_size\": 48");
+  const std::string e = s.errors();
+  // Three layers, each with ffn.w1, b1 and w2 mis-shaped: nine lines, every one with both shapes.
+  size_t n = 0;
+  for (size_t p = e.find("config.json implies"); p != std::string::npos; p = e.find("config.json implies", p + 1)) ++n;
+  EXPECT_EQ(n, 9u) << e;
+  EXPECT_NE(e.find("model.safetensors: tensor \"encoder.layer.2.intermediate.dense.weight\" has shape (64, 32) but "
+                   "config.json implies (48, 32)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(HfBadInput, MissingAndUnexpectedTensorsAreAllListed) {
+  Scratch s("bert", "layers");
+  replace_in(s, "config.json", "\"num_hidden_layers\": 3", "\"num_hidden_layers\": 4");
+  std::string e = s.errors();
+  EXPECT_NE(e.find("missing tensor \"encoder.layer.3.attention.self.query.weight\" (32, 32)"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing tensor \"encoder.layer.3.output.LayerNorm.bias\" (32)"), std::string::npos) << e;
+  Scratch t("bert", "layers2");
+  replace_in(t, "config.json", "\"num_hidden_layers\": 3", "\"num_hidden_layers\": 2");
+  e = t.errors();
+  EXPECT_NE(e.find("model.safetensors: unexpected tensor \"encoder.layer.2.attention.self.query.weight\" (32, 32)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(HfBadInput, MissingTokenizerFilesAreNamed) {
+  Scratch s("gpt2", "tok");
+  fs::remove(s.path("merges.txt"));
+  EXPECT_NE(s.errors().find(s.dir.string() + ": missing merges.txt (GPT-2's BPE merges the text plugin reads)"),
+            std::string::npos);
+  Scratch v("vit", "pre");
+  fs::remove(v.path("preprocessor_config.json"));
+  EXPECT_NE(v.errors().find("missing preprocessor_config.json"), std::string::npos);
+}
+
+TEST(HfBadInput, BrokenJsonGivesLineAndColumn) {
+  Scratch s("esm", "json");
+  s.write("config.json", "{\n  \"model_type\": \"esm\",\n  \"hidden_size\": 32,,\n}\n");
+  const std::string e = s.errors();
+  EXPECT_NE(e.find(s.path("config.json") + ":3:21: not valid JSON"), std::string::npos) << e;
+}
+
+TEST(HfBadInput, SafetensorsRuleViolationsNameTheFileAndRule) {
+  auto with_header = [](Scratch& s, const std::string& file, const std::function<void(std::string&)>& edit) {
+    std::string bytes = s.read(file);
+    edit(bytes);
+    s.write(file, bytes);
+    return s.errors();
+  };
+  {
+    Scratch s("ast", "hdr");  // header length beyond the file
+    const std::string e = with_header(s, "model.safetensors", [](std::string& b) { b[5] = '\x7f'; });
+    EXPECT_NE(e.find(s.path("model.safetensors")), std::string::npos) << e;
+    EXPECT_NE(e.find("header"), std::string::npos) << e;
+  }
+  {
+    Scratch s("ast", "trunc");  // data cut short
+    const std::string e = with_header(s, "model.safetensors", [](std::string& b) { b.resize(b.size() - 100); });
+    EXPECT_NE(e.find(s.path("model.safetensors")), std::string::npos) << e;
+  }
+  {
+    Scratch s("ast", "dtype");  // a dtype whose size does not fit the offsets
+    const std::string e = with_header(s, "model.safetensors", [](std::string& b) {
+      const auto p = b.find("\"F32\"");
+      b.replace(p, 5, "\"F64\"");
+    });
+    EXPECT_NE(e.find(s.path("model.safetensors")), std::string::npos) << e;
+  }
+  {
+    Scratch s("ast", "overlap");  // offsets that overlap the previous tensor
+    const std::string e = with_header(s, "model.safetensors", [](std::string& b) {
+      const auto p = b.find("\"data_offsets\":[");
+      const auto q = b.find(',', p);
+      const std::string begin = b.substr(p + 16, q - p - 16);
+      if (begin != "0") b.replace(p + 16, begin.size(), std::string(begin.size() - 1, ' ') + "0");
+      else {
+        const auto p2 = b.find("\"data_offsets\":[", q);
+        const auto q2 = b.find(',', p2);
+        b.replace(p2 + 16, q2 - p2 - 16, std::string(q2 - p2 - 17, ' ') + "0");
+      }
+    });
+    EXPECT_NE(e.find(s.path("model.safetensors")), std::string::npos) << e;
+  }
+  {
+    Scratch s("gpt2", "shard");  // an index naming a shard that is gone
+    fs::remove(s.path("model-00002-of-00003.safetensors"));
+    EXPECT_NE(s.errors().find("names shard model-00002-of-00003.safetensors, which is not in the folder"),
+              std::string::npos);
+  }
+}
+
+TEST(HfBadInput, PickleWeightsAreRefusedWithTheConversion) {
+  Scratch s("ast", "pickle");
+  fs::remove(s.path("model.safetensors"));
+  s.write("pytorch_model.bin", "not read");
+  EXPECT_NE(s.errors().find("the weights are in pytorch_model.bin; Tessera reads safetensors only"), std::string::npos);
+}
+
+TEST(HfConfig, KeysBesideFromHfAreRefusedAndHeadKeysOverride) {
+  Diagnostics d;
+  std::optional<Experiment> e = load_experiment_from_string(
+      "model:\n  from: hf\n  path: bert/model\n  d_model: 64\n", "t.yaml", kHf, {}, &d);
+  EXPECT_FALSE(e.has_value());
+  EXPECT_NE(d.str().find("t.yaml:4:3: model.d_model: is set by " + kHf + "bert/model/config.json (model.from is hf)"),
+            std::string::npos)
+      << d.str();
+  const Experiment ok = load("model:\n  from: hf\n  path: bert/model\n  head: {pool: cls, normalize: false}\n");
+  EXPECT_EQ(ok.model.head.pool, PoolKind::cls);
+  EXPECT_FALSE(ok.model.head.normalize);
+  EXPECT_EQ(ok.model.d_model, 32);
+}
+
+}  // namespace
+}  // namespace tessera
