@@ -110,6 +110,7 @@ int run_check(const CheckArgs& a) {
   const Plan p = make_plan(e.model, T);
 
   std::printf("%s\n", to_yaml(e).c_str());
+  for (const std::string& note : e.model.notes) std::printf("# model: %s\n", note.c_str());
   std::printf("%s", plugin_report.c_str());
   std::printf("# plan for %lld input rows per item%s, batch %lld (f32 activations)\n", static_cast<long long>(T),
               a.seq_len <= 0 && longest > 0 ? " (the longest of the first items)" : "", static_cast<long long>(B));

@@ -19,5 +19,6 @@ void add_run_command(CLI::App& app, std::function<int()>* run);
 void add_plugins_command(CLI::App& app, std::function<int()>* run);
 void add_tokenize_command(CLI::App& app, std::function<int()>* run);
 void add_schema_command(CLI::App& app, std::function<int()>* run);
+void add_search_command(CLI::App& app, std::function<int()>* run);
 
 }  // namespace tessera::cli

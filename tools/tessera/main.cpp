@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   add_plugins_command(app, &run);
   add_tokenize_command(app, &run);
   add_schema_command(app, &run);
+  add_search_command(app, &run);
   add_version(app, &run);
   try {
     app.parse(argc, argv);

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <sstream>
@@ -463,6 +464,13 @@ KeyRule string_list_key(std::string path, std::string meaning, Get get) {
   return r;
 }
 
+// "~/x" -> "$HOME/x", as a shell would; anything else as written.
+std::string expand_home(const std::string& text) {
+  const char* home = std::getenv("HOME");
+  if (home && *home && (text == "~" || text.rfind("~/", 0) == 0)) return std::string(home) + text.substr(1);
+  return text;
+}
+
 KeyRule weights_file_key() {
   KeyRule r;
   r.spec = {"model.weights.file", "path", "none",
@@ -476,7 +484,7 @@ KeyRule weights_file_key() {
       return false;
     }
     namespace fs = std::filesystem;
-    fs::path p = fs::path(c.dir_of(n)) / text;  // an absolute `text` replaces the directory
+    fs::path p = fs::path(c.dir_of(n)) / expand_home(text);  // an absolute `text` replaces the directory
     std::string abs = p.lexically_normal().string();
     std::error_code ec;
     const fs::file_status st = fs::status(abs, ec);
@@ -634,11 +642,12 @@ KeyRule int_list_key(std::string path, IntBound b, std::string meaning, std::vec
   return r;
 }
 
-// A path resolved against the directory of the YAML file it is written in; must exist when
-// `must_exist`. Stored absolute.
+// A path resolved against the directory of the YAML file it is written in (a leading ~/ is the
+// home directory); must exist when `must_exist`. Stored absolute.
 bool read_path(const Node& n, const std::string& key, WalkContext& c, bool must_exist, std::string* out) {
   std::string text;
   if (!read_string(n, key, c, &text)) return false;
+  text = expand_home(text);
   if (text.empty()) {
     c.error(n, key, "expected a path, found \"\"");
     return false;
@@ -1181,6 +1190,29 @@ void resolve_hf_model(WalkContext& c) {
   TSR_HEAD_KEY(transform)
 #undef TSR_HEAD_KEY
   m.notes = f->notes;
+  if (!c.is_given("plugins") && !c.is_bad("plugins") && !f->plugin.empty()) {
+    // No plugins written: the folder's modality plugin, found on the search path.
+    Result<std::string> found = find_plugin(f->plugin, {});
+    Result<std::shared_ptr<const Plugin>> plugin =
+        found.ok() ? Plugin::load(*found) : Result<std::shared_ptr<const Plugin>>(found.status());
+    if (!plugin.ok()) {
+      c.error(c.where("model.path"), "plugins",
+              "the folder's inputs need the " + f->plugin + " plugin: " + plugin.status().message(),
+              "install it, or list the plugins under `plugins:`");
+    } else {
+      PluginConfig pc;
+      pc.name = f->plugin;
+      pc.file = *found;
+      pc.where = c.where("model.path");
+      for (const PluginOptionSpec& o : (*plugin)->options())
+        if (o.default_value) {
+          pc.options.emplace_back(o.name, *o.default_value);
+          pc.option_types.push_back(o.type);
+        }
+      c.exp->plugins.push_back(std::move(pc));
+      m.notes.push_back("plugin " + f->plugin + " added with the folder's options (no `plugins:` written)");
+    }
+  }
   for (PluginConfig& pc : c.exp->plugins) {
     if (pc.name != f->plugin) continue;
     for (const auto& [k, v] : f->plugin_options) {

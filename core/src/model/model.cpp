@@ -662,7 +662,7 @@ Status Model::classify(const Tensor& pooled, Tensor* logits, Tensor* probs, cons
 
 Plan make_plan(const ModelConfig& c, int64_t seq_len) {
   Plan p;
-  const double T = static_cast<double>(seq_len + (c.stem.kind == StemKind::features && c.stem.cls ? 1 : 0));
+  const double T = static_cast<double>(seq_len + (c.stem.kind == StemKind::features && c.stem.cls ? (c.stem.dist ? 2 : 1) : 0));
   p.rows = static_cast<int64_t>(T);
   for (const auto& s : parameter_specs(c)) p.parameters += s.shape.numel();
   p.parameter_bytes = p.parameters * static_cast<int64_t>(dtype_size(c.dtype == DType::bf16 ? DType::bf16 : DType::f32));
