@@ -301,8 +301,35 @@ TEST(Cli, BenchPluginsNamesTheMissingInput) {
   EXPECT_EQ(run_cli("bench configs/bench/vit_b16.yaml --plugins").code, 2);
 }
 
+// A Hugging Face folder (the tiny random BERT of tests/data/hf) with no plugins written: the
+// loader adds the text plugin with the folder's vocabulary; `search` finds each line by itself.
+TEST(Cli, RunAndSearchAHuggingFaceFolder) {
+  const std::string dir = ::testing::TempDir() + "tessera_cli_search." + std::to_string(getpid()) + "/";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir + "lines.txt") << "Thou shalt not kill.\nAnd the servant told Isaac all things that he had done.\n"
+                                        "In the beginning God created the heaven and the earth.\n";
+    std::ofstream(dir + "s.yaml") << "model: {from: hf, path: " << kSrc << "tests/data/hf/bert/model}\n"
+                                  << "data: {path: lines.txt}\noutputs: {dir: " << dir << "run}\n";
+  }
+  const Ran none = run_cli("search " + dir + "s.yaml \"servant\"");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_TRUE(has(none.err, "holds no complete embed run; run `tessera run " + dir + "s.yaml` first")) << none.err;
+  const Ran run = run_cli("run " + dir + "s.yaml");
+  ASSERT_EQ(run.code, 0) << run.err;
+  const Ran r = run_cli("search " + dir + "s.yaml -k 2 --json \"And the servant told Isaac all things that he had done.\"");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["neighbours"].size(), 2u);
+  EXPECT_EQ(j["neighbours"][0]["id"], "lines.txt:2");
+  EXPECT_EQ(j["neighbours"][0]["text"], "And the servant told Isaac all things that he had done.");
+  EXPECT_NEAR(j["neighbours"][0]["cosine"].get<double>(), 1.0, 1e-5);
+  EXPECT_LT(j["neighbours"][1]["cosine"].get<double>(), 0.9999);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, HelpForEverySubcommand) {
-  for (const char* sub : {"check", "explain", "forward", "bench", "export", "schema", "version"}) {
+  for (const char* sub : {"check", "explain", "forward", "bench", "export", "schema", "version", "search"}) {
     const Ran r = run_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_TRUE(has(r.out, "Usage")) << sub << ": " << r.out;
