@@ -11,10 +11,12 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+
 #include <regex>
 #include <sstream>
 
 #include "tessera/npy.h"
+#include "tessera/safetensors.h"
 
 namespace {
 
@@ -325,6 +327,29 @@ TEST(Cli, RunAndSearchAHuggingFaceFolder) {
   EXPECT_EQ(j["neighbours"][0]["text"], "And the servant told Isaac all things that he had done.");
   EXPECT_NEAR(j["neighbours"][0]["cosine"].get<double>(), 1.0, 1e-5);
   EXPECT_LT(j["neighbours"][1]["cosine"].get<double>(), 0.9999);
+  std::filesystem::remove_all(dir);
+}
+
+// The AST folder through a batch run: the audio plugin gets its options from the folder (fbank,
+// 64 frames, 2 special rows), the two special rows become the CLS and distillation rows, and the
+// embeddings are transformers' pooled outputs.
+TEST(Cli, RunAnAstFolderGivesTheReferencePooledVectors) {
+  const std::string dir = ::testing::TempDir() + "tessera_cli_ast." + std::to_string(getpid()) + "/";
+  std::filesystem::create_directories(dir + "clips");
+  for (const char* f : {"cards_001.wav", "espeak_seven.wav"})
+    std::filesystem::copy_file(kSrc + "tests/data/audio/" + f, dir + "clips/" + f);
+  std::ofstream(dir + "a.yaml") << "model: {from: hf, path: " << kSrc << "tests/data/hf/ast/model, head: {kind: pool}}\n"
+                                << "data: {path: clips}\noutputs: {dir: " << dir << "run}\n";
+  const Ran run = run_cli("run " + dir + "a.yaml");
+  ASSERT_EQ(run.code, 0) << run.err;
+  tessera::Result<tessera::Tensor> got = tessera::npy::load(dir + "run/embeddings.npy");
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  tessera::Result<tessera::safetensors::File> ref = tessera::safetensors::File::open(kSrc + "tests/data/hf/ast/reference.safetensors");
+  ASSERT_TRUE(ref.ok());
+  for (int64_t i = 0; i < 2; ++i) {
+    const tessera::Tensor want = ref->get("pooled." + std::to_string(i)).value();
+    for (int64_t k = 0; k < want.numel(); ++k) EXPECT_NEAR(got->at({i, k}), want.data<float>()[k], 1e-4) << i << "," << k;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -17,6 +17,7 @@
 
 #include "config/expr.h"
 #include "tessera/hf.h"
+#include "tessera/model.h"
 
 namespace tessera {
 namespace config {
@@ -1172,10 +1173,14 @@ void resolve_hf_model(WalkContext& c) {
   if (c.is_given("model.name")) m.name = user.name;
   if (c.is_given("model.dtype")) m.dtype = user.dtype;
   const bool kind_changed = c.is_given("model.head.kind") && user.head.kind != m.head.kind;
-  if (kind_changed) {
+  if (kind_changed) {  // keep what still fits the new head: the pooling and pooler of a pooled head
+    const HeadConfig was = m.head;
+    const bool pooled_before = was.kind == HeadKind::pool || was.kind == HeadKind::classifier;
     m.head = HeadConfig{};
     m.head.kind = user.head.kind;
-    m.head.pool = m.causal ? PoolKind::last : (m.stem.cls ? PoolKind::cls : PoolKind::mean);
+    m.head.pool = pooled_before ? was.pool : m.causal ? PoolKind::last : PoolKind::mean;
+    m.head.pooler = pooled_before && was.pooler;
+    m.head.normalize = was.normalize;
   }
 #define TSR_HEAD_KEY(field) \
   if (c.is_given("model.head." #field)) m.head.field = user.head.field;
@@ -1190,6 +1195,17 @@ void resolve_hf_model(WalkContext& c) {
   TSR_HEAD_KEY(transform)
 #undef TSR_HEAD_KEY
   m.notes = f->notes;
+  // Tensors of a head the YAML replaced (a classifier's, when head.kind is pool) are left out.
+  std::set<std::string> wanted;
+  for (const ParamSpec& p : parameter_specs(m)) wanted.insert(p.name);
+  for (auto it = m.weights.imported.begin(); it != m.weights.imported.end();) {
+    if (wanted.count(it->first)) {
+      ++it;
+      continue;
+    }
+    m.notes.push_back(it->second.source + " is not used by the head the YAML chose");
+    it = m.weights.imported.erase(it);
+  }
   if (!c.is_given("plugins") && !c.is_bad("plugins") && !f->plugin.empty()) {
     // No plugins written: the folder's modality plugin, found on the search path.
     Result<std::string> found = find_plugin(f->plugin, {});
