@@ -472,6 +472,18 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     map[b + "ln2.gamma"] = {e + ln2 + ".weight"};
     map[b + "ln2.beta"] = {e + ln2 + ".bias"};
   };
+  // BERT's and ESM-2's masked-LM head: dense, activation, layer norm, the token table, a bias.
+  auto masked_lm_head = [&](const std::string& dense, const std::string& norm, const std::string& bias) {
+    m.head.kind = HeadKind::lm;
+    m.head.tied = true;
+    m.head.lm_bias = true;
+    m.head.transform = true;
+    map["head.transform.w"] = {dense + ".weight", Op::linear};
+    map["head.transform.b"] = {dense + ".bias"};
+    map["head.transform.gamma"] = {norm + ".weight"};
+    map["head.transform.beta"] = {norm + ".bias"};
+    map["head.lm_bias"] = {bias};
+  };
   auto common = [&](NormPlacement norm, const char* eps_key, double eps_default) {
     m.d_model = C;
     m.n_layers = J.i("num_hidden_layers", type == "gpt2" ? std::optional<int64_t>(J.i("n_layer")) : std::nullopt);
@@ -528,22 +540,13 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       map["head.w"] = {"classifier.weight", Op::linear};
       map["head.b"] = {"classifier.bias"};
     } else if (has_tensor("cls.predictions.bias")) {
-      m.head.kind = HeadKind::lm;
-      m.head.tied = true;
-      m.head.lm_bias = true;
-      m.head.transform = true;
-      map["head.transform.w"] = {"cls.predictions.transform.dense.weight", Op::linear};
-      map["head.transform.b"] = {"cls.predictions.transform.dense.bias"};
-      map["head.transform.gamma"] = {"cls.predictions.transform.LayerNorm.weight"};
-      map["head.transform.beta"] = {"cls.predictions.transform.LayerNorm.bias"};
-      map["head.lm_bias"] = {"cls.predictions.bias"};
+      masked_lm_head("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias");
     } else {
       m.head.kind = HeadKind::pool;
       m.head.pool = PoolKind::cls;
       m.head.pooler = pooler;
       if (c.has("modules.json")) {
-        {
-          // modules.json is a list of sentence-transformers modules.
+        {  // modules.json is a list of sentence-transformers modules
           std::ifstream in(c.at("modules.json"));
           json list = json::parse(in, nullptr, false);
           bool pooling = false;
@@ -818,15 +821,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       out.notes.push_back("contact_head is not used; export attention maps (task.attention) instead");
     }
     if (has_tensor("lm_head.bias")) {
-      m.head.kind = HeadKind::lm;
-      m.head.tied = true;
-      m.head.lm_bias = true;
-      m.head.transform = true;
-      map["head.transform.w"] = {"lm_head.dense.weight", Op::linear};
-      map["head.transform.b"] = {"lm_head.dense.bias"};
-      map["head.transform.gamma"] = {"lm_head.layer_norm.weight"};
-      map["head.transform.beta"] = {"lm_head.layer_norm.bias"};
-      map["head.lm_bias"] = {"lm_head.bias"};
+      masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head.bias");
     } else {
       m.head.kind = HeadKind::pool;
       m.head.pool = PoolKind::mean;
