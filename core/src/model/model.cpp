@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kv_cache.h"
 #include "layers.h"
 #include "tessera/model.h"
 #include "tessera/plugin.h"
@@ -315,6 +316,9 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   if (extra && (batch.segments.defined() || batch.positions.defined() || batch.kinds.defined()))
     return Status::Invalid("forward: packed or explicitly positioned rows must say where the CLS row is (give roles)");
   const int64_t B = batch.batch_size(), T_in = batch.seq_len(), T = T_in + extra, C = c.d_model;
+  std::vector<int64_t> past;  // with a KV cache: rows each batch row's sequence had cached before
+  std::vector<model::CacheView> kv;
+  if (opt.cache) TSR_RETURN_IF_ERROR(model::CacheAccess::bind(*opt.cache, c, batch, extra, &past, &kv));
 
   // Who attends to whom, and each row's position.
   model::RowLayout lay;
@@ -335,6 +339,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       run = s == prev ? run + 1 : 0;
       prev = s;
       lay.pos[i] = pos_in.defined() ? pos_in.data<int32_t>()[i] : (s < 0 ? static_cast<int32_t>(t) : run);
+      if (!past.empty() && s >= 0) lay.pos[i] += static_cast<int32_t>(past[static_cast<size_t>(b)]);
       if (lay.seg[i] != 0 || lay.pos[i] != t) lay.plain = false;
     }
   }
@@ -418,6 +423,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   for (size_t l = 0; l < L.blocks.size(); ++l) {
     const model::Block& blk = L.blocks[l];
     const std::string p = "blocks." + std::to_string(l);
+    const model::CacheView* cv = kv.empty() ? nullptr : &kv[l];
     cap.put(p + ".in", x);
     const float eps = static_cast<float>(c.norm_eps);
     const int64_t F = c.d_ff;
@@ -441,7 +447,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       TSR_RETURN_IF_ERROR(ex.layer_norm(x, blk.ln1_g, blk.ln1_b, eps, h));
       cap.put(p + ".ln1", h);
       cap.put(p + ".attn.in", h);
-      TSR_RETURN_IF_ERROR(model::attention_forward(blk.attn, ex, h, lay, &x, x, cap, p + ".attn"));
+      TSR_RETURN_IF_ERROR(model::attention_forward(blk.attn, ex, h, lay, &x, x, cap, p + ".attn", cv));
       cap.put(p + ".attn.residual", x);
       if (F > 0) {
         TSR_RETURN_IF_ERROR(ex.layer_norm(x, blk.ln2_g, blk.ln2_b, eps, h));
@@ -454,7 +460,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       const int64_t width = blk.attn.out.defined() ? C : c.n_heads * c.d_v;
       Tensor u = width == C ? h : Tensor::empty({B, T, width});
       TSR_RETURN_IF_ERROR(
-          model::attention_forward(blk.attn, ex, x, lay, c.residual ? &x : nullptr, u, cap, p + ".attn"));
+          model::attention_forward(blk.attn, ex, x, lay, c.residual ? &x : nullptr, u, cap, p + ".attn", cv));
       cap.put(p + ".attn.residual", u);
       if (c.norm == NormPlacement::post) {
         TSR_RETURN_IF_ERROR(ex.layer_norm(u, blk.ln1_g, blk.ln1_b, eps, x));
@@ -498,6 +504,19 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
     cap.put("head.pooled", pooled);
     out->pooled = pooled;
     if (c.head.kind == HeadKind::classifier) TSR_RETURN_IF_ERROR(classify(pooled, &out->logits, &out->probs, opt));
+  } else if (c.head.kind == HeadKind::lm && opt.last_logits) {
+    // Generation: only each item's last valid row goes through the head, (B, C) -> (B, V).
+    if (packed) return Status::Invalid("forward: last_logits needs one sequence per batch row (no segments)");
+    const int64_t V = c.stem.vocab_size;
+    Tensor last = Tensor::empty({B, C});
+    for (int64_t b = 0; b < B; ++b) {
+      const std::vector<int64_t> r = rows_of(lay, b, 0);
+      last.select(0, b).copy_from(x.select(0, b).select(0, r.empty() ? 0 : r.back()));
+    }
+    out->logits = Tensor::empty({B, V});
+    TSR_RETURN_IF_ERROR(ex.linear(L.head, last, out->logits));
+    out->probs = Tensor::empty({B, V});
+    TSR_RETURN_IF_ERROR(ex.softmax(out->logits, out->probs));
   } else if (c.head.kind == HeadKind::lm) {
     const int64_t V = c.stem.vocab_size;
     Tensor logits = Tensor::empty({B, T, V});
@@ -517,6 +536,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   }
   if (out->logits.defined()) cap.put("head.logits", out->logits);
   if (out->probs.defined()) cap.put("head.probs", out->probs);
+  if (opt.cache) model::CacheAccess::advance(*opt.cache, batch);
   return Status::Ok();
 }
 
