@@ -139,6 +139,14 @@ int run_generate(const GenerateArgs& a) {
                    p.id.c_str());
       return kExitBadInput;
     }
+    // generate() would refuse it too, but by its place in a batch; here it is named.
+    const PositionConfig& pos = exp.model.positions;
+    if ((pos.kind == PositionKind::learned || pos.kind == PositionKind::sinusoidal) &&
+        static_cast<int64_t>(p.ids.size()) > pos.max_len) {
+      std::fprintf(stderr, "tessera generate: %s: %zu tokens, more than model.positions.max_len (%lld): shorten it, or "
+                           "raise max_len\n", p.id.c_str(), p.ids.size(), static_cast<long long>(pos.max_len));
+      return kExitBadInput;
+    }
   }
 
   // Streaming shows one prompt at a time; otherwise runtime.batch_size prompts decode together.
