@@ -107,6 +107,7 @@ struct CacheCase {
   const char* name;
   PositionKind kind;
   bool reference;
+  DType dtype = DType::f32;
 };
 
 class CachedStep : public ::testing::TestWithParam<CacheCase> {};
@@ -115,7 +116,9 @@ class CachedStep : public ::testing::TestWithParam<CacheCase> {};
 // logits against a forward over the whole sequence so far.
 TEST_P(CachedStep, EqualsFullRecomputeAtEveryStep) {
   const CacheCase& p = GetParam();
-  const Model m = build(decoder(p.kind));
+  ModelConfig c = decoder(p.kind);
+  c.dtype = p.dtype;
+  const Model m = build(c);
   std::vector<int32_t> seq = tokens(5, 11);
   Result<KVCache> cache = KVCache::create(m, 1, 64);
   ASSERT_TRUE(cache.ok()) << cache.status().message();
@@ -156,7 +159,9 @@ INSTANTIATE_TEST_SUITE_P(
                       CacheCase{"sinusoidal_onednn", PositionKind::sinusoidal, false},
                       CacheCase{"relative_onednn", PositionKind::relative, false},
                       CacheCase{"relative_reference", PositionKind::relative, true},
-                      CacheCase{"no_positions_onednn", PositionKind::none, false}),
+                      CacheCase{"no_positions_onednn", PositionKind::none, false},
+                      CacheCase{"gpt2_learned_bf16_onednn", PositionKind::learned, false, DType::bf16},
+                      CacheCase{"gpt2_learned_bf16_reference", PositionKind::learned, true, DType::bf16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Sequences of different lengths in one cache, each advancing its own way: a padded prompt step,

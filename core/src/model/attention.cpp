@@ -56,6 +56,8 @@ void attend_cached(const AttentionLayer& L, const Tensor& q, const RowLayout& ro
   float* out = concat.data<float>();
   const bool relative = L.positions.kind == PositionKind::relative;
   const int64_t kmax = L.positions.max_distance, R = 2 * kmax + 1;
+  const float* ak = relative ? L.rel_k.data<float>() : nullptr;  // (2k+1, dk)
+  const float* av = relative ? L.rel_v.data<float>() : nullptr;  // (2k+1, dv)
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
@@ -73,7 +75,7 @@ void attend_cached(const AttentionLayer& L, const Tensor& q, const RowLayout& ro
         if (relative)  // Shaw et al.: q_i · a^K_r for every clipped offset r
           for (int64_t r = 0; r < R; ++r) {
             float acc = 0.f;
-            for (int64_t d = 0; d < dk; ++d) acc += qi[static_cast<size_t>(d)] * L.rel_k.data<float>()[r * dk + d];
+            for (int64_t d = 0; d < dk; ++d) acc += qi[static_cast<size_t>(d)] * ak[r * dk + d];
             qa[static_cast<size_t>(r)] = L.scale * acc;
           }
         float mx = -std::numeric_limits<float>::infinity();
@@ -100,7 +102,7 @@ void attend_cached(const AttentionLayer& L, const Tensor& q, const RowLayout& ro
         }
         if (relative)  // O_i += Σ_j A_ij a^V_{clip(j - i)}
           for (int64_t r = 0; r < R; ++r)
-            for (int64_t d = 0; d < dv; ++d) o[d] += wr[static_cast<size_t>(r)] * L.rel_v.data<float>()[r * dv + d];
+            for (int64_t d = 0; d < dv; ++d) o[d] += wr[static_cast<size_t>(r)] * av[r * dv + d];
       }
     }
 }
