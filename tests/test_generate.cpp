@@ -303,6 +303,43 @@ TEST(Generate, GreedyIsTheArgmaxOfTheRecomputedLogits) {
   }
 }
 
+// The cache starts with room for 256 new tokens and grows: 300 greedy tokens (rotary, no position
+// limit) are still the argmax of each full recompute, and a huge max_new_tokens allocates nothing
+// up front.
+TEST(Generate, TheCacheGrowsWithTheSequence) {
+  const Model m = build(decoder(PositionKind::rotary));
+  std::vector<int32_t> seq = tokens(3, 8);
+  const std::vector<Generation> g = run(m, {seq}, greedy(300));
+  ASSERT_EQ(g[0].ids.size(), 300u);
+  for (size_t k = 0; k < g[0].ids.size(); ++k) {
+    const std::vector<float> l = recompute(m, seq, false);
+    ASSERT_EQ(g[0].ids[k], std::max_element(l.begin(), l.end()) - l.begin()) << "token " << k;
+    seq.push_back(g[0].ids[k]);
+  }
+  GenerateOptions o = greedy(int64_t{1} << 50);
+  for (int32_t id = 0; id < 61; ++id) o.stop_ids.push_back(id);  // every token stops
+  const std::vector<Generation> huge = run(m, {tokens(5, 1)}, o);
+  EXPECT_EQ(huge[0].ids.size(), 1u);
+  EXPECT_EQ(huge[0].finish_reason, "eos");
+  // reserve() keeps what is cached.
+  Result<KVCache> cache = KVCache::create(m, 2, 8);
+  ForwardOptions f;
+  f.cache = &*cache;
+  f.last_logits = true;
+  Batch two;
+  two.ids = Tensor::from_ids({2, 6}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0});
+  two.lengths = {6, 4};
+  Outputs out;
+  ASSERT_TRUE(m.forward(two, f, &out).ok());
+  cache->reserve(20);
+  EXPECT_EQ(cache->capacity(), 20);
+  Batch next;
+  next.ids = Tensor::from_ids({2, 5}, {11, 12, 13, 14, 15, 16, 17, 18, 19, 20});
+  ASSERT_TRUE(m.forward(next, f, &out).ok());
+  EXPECT_LE(max_abs_diff(out.logits.data<float>(), recompute(m, {1, 2, 3, 4, 5, 6, 11, 12, 13, 14, 15}, false)), 1e-5f);
+  EXPECT_LE(max_abs_diff(out.logits.data<float>() + 61, recompute(m, {7, 8, 9, 10, 16, 17, 18, 19, 20}, false)), 1e-5f);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sampling.
 

@@ -72,6 +72,9 @@ class KVCache {
   // Keeps the sequences `which` (strictly increasing indices), which become 0, 1, ...: how a
   // finished sequence drops out of a batch. Moves the kept rows down; frees nothing.
   Status keep(const std::vector<int64_t>& which);
+  // Room for `capacity` rows per sequence (no less than now), the cached rows kept: new storage,
+  // copied, so a cache can start small and grow with its longest sequence.
+  void reserve(int64_t capacity);
   void clear();  // every sequence back to length 0
 
  private:

@@ -19,6 +19,7 @@ namespace tessera {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr int64_t kFirstStretch = 256;  // new tokens the KV cache has room for before it first grows
 
 std::string num(double v) {
   char buf[32];
@@ -106,6 +107,23 @@ Status KVCache::keep(const std::vector<int64_t>& which) {
   for (int64_t s : which) kept.push_back(lengths_[static_cast<size_t>(s)]);
   lengths_ = std::move(kept);
   return Status::Ok();
+}
+
+void KVCache::reserve(int64_t capacity) {
+  if (capacity <= capacity_) return;
+  const int64_t S = sequences();
+  for (size_t l = 0; l < k_.size(); ++l)
+    for (auto [t, d] : {std::pair<Tensor*, int64_t>{&k_[l], d_k_}, {&v_[l], d_v_}}) {
+      Tensor bigger = Tensor::zeros({S, heads_, capacity, d});
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t rows = lengths_[static_cast<size_t>(s)];
+        for (int64_t h = 0; h < heads_; ++h)
+          std::memcpy(bigger.data<float>() + ((s * heads_ + h) * capacity) * d,
+                      t->data<float>() + ((s * heads_ + h) * capacity_) * d, static_cast<size_t>(rows * d) * sizeof(float));
+      }
+      *t = bigger;
+    }
+  capacity_ = capacity;
 }
 
 void KVCache::clear() { std::fill(lengths_.begin(), lengths_.end(), 0); }
@@ -272,8 +290,10 @@ Result<std::vector<Generation>> generate(const Model& model, const std::vector<s
   std::vector<Generation> gens(static_cast<size_t>(N));
   if (N == 0) return gens;
 
-  // Room for every row ever fed back: the prompt, then each new token but the last.
-  int64_t capacity = 0, longest = 0;
+  // Room for every row ever fed back: the prompt, then each new token but the last. The cache
+  // starts with room for a first stretch of tokens and doubles as the sequences grow, so a large
+  // max_new_tokens costs memory only for the tokens actually made.
+  int64_t need = 0, longest = 0;
   for (int64_t i = 0; i < N; ++i) {
     const std::vector<int32_t>& p = prompts[static_cast<size_t>(i)];
     const int64_t n = static_cast<int64_t>(p.size());
@@ -290,10 +310,10 @@ Result<std::vector<Generation>> generate(const Model& model, const std::vector<s
                                 " tokens, more than model.positions.max_len (" + std::to_string(limit) +
                                 "): shorten it, or raise max_len");
     gens[static_cast<size_t>(i)].prompt_tokens = n;
-    capacity = std::max(capacity, std::min(n + o.max_new_tokens - 1, limit));
+    need = std::max(need, std::min(n + o.max_new_tokens - 1, limit));
     longest = std::max(longest, n);
   }
-  Result<KVCache> made = KVCache::create(model, N, capacity);
+  Result<KVCache> made = KVCache::create(model, N, std::min(need, longest + kFirstStretch));
   if (!made.ok()) return made.status().with_prefix("generate");
   KVCache cache = std::move(made).value();
 
@@ -396,6 +416,11 @@ Result<std::vector<Generation>> generate(const Model& model, const std::vector<s
       active = std::move(still);
     }
     const int64_t A = static_cast<int64_t>(active.size());
+    for (int64_t r = 0; r < A; ++r)
+      if (cache.length(r) == cache.capacity()) {
+        cache.reserve(std::min(need, 2 * cache.capacity()));
+        break;
+      }
     Batch step;
     step.ids = Tensor::empty({A, 1}, DType::i32);
     for (int64_t r = 0; r < A; ++r) step.ids.data<int32_t>()[r] = gens[static_cast<size_t>(active[static_cast<size_t>(r)])].ids.back();
