@@ -321,6 +321,10 @@ TEST(Generate, TheCacheGrowsWithTheSequence) {
   const std::vector<Generation> huge = run(m, {tokens(5, 1)}, o);
   EXPECT_EQ(huge[0].ids.size(), 1u);
   EXPECT_EQ(huge[0].finish_reason, "eos");
+  o.max_new_tokens = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(run(m, {tokens(5, 1)}, o)[0].ids, huge[0].ids);
+  const Model learned = build(decoder(PositionKind::learned));
+  EXPECT_EQ(run(learned, {tokens(5, 1)}, o)[0].finish_reason, "eos");
   // reserve() keeps what is cached.
   Result<KVCache> cache = KVCache::create(m, 2, 8);
   ForwardOptions f;

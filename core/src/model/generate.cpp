@@ -310,7 +310,8 @@ Result<std::vector<Generation>> generate(const Model& model, const std::vector<s
                                 " tokens, more than model.positions.max_len (" + std::to_string(limit) +
                                 "): shorten it, or raise max_len");
     gens[static_cast<size_t>(i)].prompt_tokens = n;
-    need = std::max(need, std::min(n + o.max_new_tokens - 1, limit));
+    // min(n + max_new_tokens - 1, limit), without overflowing for a huge max_new_tokens.
+    need = std::max(need, o.max_new_tokens - 1 > limit - n ? limit : n + o.max_new_tokens - 1);
     longest = std::max(longest, n);
   }
   Result<KVCache> made = KVCache::create(model, N, std::min(need, longest + kFirstStretch));
