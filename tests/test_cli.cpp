@@ -354,7 +354,8 @@ TEST(Cli, RunAnAstFolderGivesTheReferencePooledVectors) {
 }
 
 TEST(Cli, HelpForEverySubcommand) {
-  for (const char* sub : {"check", "explain", "forward", "bench", "export", "schema", "version", "search"}) {
+  for (const char* sub : {"check", "explain", "forward", "bench", "export", "schema", "version", "search",
+                          "generate"}) {
     const Ran r = run_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_TRUE(has(r.out, "Usage")) << sub << ": " << r.out;
@@ -423,4 +424,200 @@ TEST(Cli, RunRecordsEveryKindOfBadItemAndExitsWith3) {
   std::getline(index, first);
   EXPECT_EQ(first, "{\"id\":\"good\",\"item\":5,\"rows\":5}");
   fs::remove_all(d);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generation: `tessera generate` and the run task `generate`, on the seeded byte-level decoder of
+// configs/examples/generate_tiny.yaml. Its tokenizer is `bytes`, so a token's text is its byte
+// (the specials 256..258 have none) and the expected output can be spelt out from the ids.
+
+namespace {
+
+const std::string kTiny = "configs/examples/generate_tiny.yaml";
+
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// A completion's text from its ids and finish reason, as generate() makes it for the bytes tokenizer:
+// a final stop token left out, the text cut before the example's stop string "\n".
+std::string completion_of(const nlohmann::json& j) {
+  std::vector<int> ids = j["ids"].get<std::vector<int>>();
+  if (j["finish_reason"] == "eos") ids.pop_back();
+  std::string text;
+  for (int id : ids)
+    if (id < 256) text += static_cast<char>(id);
+  return text.substr(0, text.find('\n'));
+}
+
+}  // namespace
+
+TEST(Cli, GeneratePrintsPromptsAndTheirCompletions) {
+  const std::string prompts = "--prompt 'Once upon a time' --prompt 'Hi'";
+  const Ran j = run_cli("generate " + kTiny + " " + prompts + " --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  const std::vector<nlohmann::json> lines = json_lines(j.out);
+  ASSERT_EQ(lines.size(), 2u) << j.out;
+  std::string expected;
+  for (size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& g = lines[i];
+    EXPECT_EQ(g["prompt"], i == 0 ? "Once upon a time" : "Hi");
+    EXPECT_EQ(g["prompt_tokens"], i == 0 ? 16 : 2);
+    const size_t n = g["ids"].size();
+    EXPECT_EQ(g["new_tokens"], n);
+    EXPECT_GE(n, 1u);
+    EXPECT_LE(n, 24u);  // task.generate.max_new_tokens
+    const std::string reason = g["finish_reason"];
+    EXPECT_TRUE(reason == "stop" || reason == "eos" || (reason == "length" && n == 24)) << g.dump();
+    EXPECT_GT(g["tokens_per_s"].get<double>(), 0) << g.dump();
+    EXPECT_TRUE(has(j.err, "generate: --prompt " + std::to_string(i + 1) + ": " + std::to_string(n) + " new tokens (" +
+                               reason + ")")) << j.err;
+    expected += g["prompt"].get<std::string>() + completion_of(g) + "\n";
+  }
+  // Without --json: each prompt and its completion, byte for byte; streamed, the same bytes.
+  const Ran plain = run_cli("generate " + kTiny + " " + prompts);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out, expected);
+  const Ran streamed = run_cli("generate " + kTiny + " " + prompts + " --stream");
+  ASSERT_EQ(streamed.code, 0) << streamed.err;
+  EXPECT_EQ(streamed.out, expected);
+  // One prompt per line of a file gives the same completions (here decoded two at a time).
+  const std::string file = ::testing::TempDir() + "tessera_cli_prompts_" + std::to_string(getpid()) + ".txt";
+  std::ofstream(file) << "Once upon a time\r\n\nHi\n";
+  const Ran listed = run_cli("generate " + kTiny + " --prompts " + file);
+  EXPECT_EQ(listed.out, expected);
+  EXPECT_TRUE(has(listed.err, "tessera_cli_prompts_" + std::to_string(getpid()) + ".txt:3:")) << listed.err;
+  std::remove(file.c_str());
+}
+
+TEST(Cli, GenerateSamplesReproduciblyFromASeed) {
+  auto ids = [](const std::string& options) {
+    const Ran r = run_cli("generate " + kTiny + " --prompt 'Once upon a time' --max-new-tokens 16 --set "
+                          "'task.generate.stop=[]' --set 'task.generate.stop_ids=[]' --json " + options);
+    EXPECT_EQ(r.code, 0) << r.err;
+    const std::vector<nlohmann::json> lines = json_lines(r.out);
+    return lines.empty() ? std::vector<int>() : lines[0]["ids"].get<std::vector<int>>();
+  };
+  const std::vector<int> greedy = ids(""), a = ids("--temperature 0.9 --top-k 40 --top-p 0.95 --seed 3");
+  ASSERT_EQ(greedy.size(), 16u);
+  EXPECT_EQ(ids("--temperature 0.9 --top-k 40 --top-p 0.95 --seed 3"), a);
+  EXPECT_NE(ids("--temperature 0.9 --top-k 40 --top-p 0.95 --seed 4"), a);
+  EXPECT_NE(a, greedy);
+  EXPECT_EQ(ids("--temperature 0.9 --top-k 1 --seed 3"), greedy);  // one token left to draw: greedy
+  EXPECT_NE(ids("--repetition-penalty 1.5"), greedy);               // the prompt's bytes lose ground
+}
+
+TEST(Cli, GenerateStopsWhereThePositionsEndAndSaysSo) {
+  const Ran r = run_cli("generate " + kTiny + " --prompt 'Once upon a time' --max-new-tokens 10 --json --set "
+                        "model.positions.max_len=20 --set 'task.generate.stop=[]' --set 'task.generate.stop_ids=[]'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<nlohmann::json> lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  const std::string note = "stopped at model.positions.max_len (20): the prompt's 16 tokens left room for 5 new "
+                           "tokens, not max_new_tokens 10";
+  EXPECT_EQ(lines[0]["finish_reason"], "length");
+  EXPECT_EQ(lines[0]["new_tokens"], 5);
+  EXPECT_EQ(lines[0]["note"], note);
+  EXPECT_TRUE(has(r.err, "generate: --prompt 1: " + note)) << r.err;
+}
+
+TEST(Cli, GenerateRefusesBadOptionsPromptsAndModels) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--prompt x --temperature -1", "tessera generate: temperature must be >= 0 (0 is greedy), found -1"},
+      {"--prompt x --top-p 1.5", "tessera generate: top_p must be in (0, 1] (1 keeps every token), found 1.5"},
+      {"--prompt x --top-p 0", "tessera generate: top_p must be in (0, 1] (1 keeps every token), found 0"},
+      {"--prompt x --top-k -2", "tessera generate: top_k must be >= 0 (0 keeps every token), found -2"},
+      {"--prompt x --repetition-penalty 0", "tessera generate: repetition_penalty must be > 0 (1 is none), found 0"},
+      {"--prompt x --max-new-tokens 0", "tessera generate: max_new_tokens must be >= 1, found 0"},
+      {"", "tessera generate: no prompt: give --prompt TEXT (repeatable) or --prompts FILE (one per line)"},
+      {"--prompt x --stream --json", "tessera generate: --stream prints the text as it comes, --json one line per "
+                                     "prompt once it is done: choose one"},
+      {"--prompts /no/such/prompts.txt", "tessera generate: --prompts: "},
+      {"--prompt x --prompt 'Once upon a time' --set model.positions.max_len=8",
+       "tessera generate: --prompt 2: 16 tokens, more than model.positions.max_len (8): shorten it, or raise max_len"},
+      {"--prompt x --set model.stem.vocab_size=300",
+       "tessera generate: plugin text's vocabulary has 259 ids but model.stem.vocab_size is 300"},
+      {"--prompt x --set model.head.kind=pool",
+       "tessera generate: the model has no language-model head (model.head.kind is pool); generation needs head.kind lm"},
+      {"--prompt x --set model.causal=false",
+       "tessera generate: the model is not causal (model.causal false); generation needs a model that reads left to "
+       "right (arch: decoder)"},
+      // task.generate in the experiment is checked by the config loader, at the key.
+      {"--prompt x --set task.generate.temperature=-1", "task.generate.temperature: must be >= 0, found -1"},
+      {"--prompt x --set task.generate.top_p=0", "task.generate.top_p: must be in (0, 1], found 0"},
+      {"--prompt x --set task.generate.repetition_penalty=0", "task.generate.repetition_penalty: must be > 0, found 0"},
+  };
+  for (const auto& [args, msg] : cases) {
+    const Ran r = run_cli("generate " + kTiny + " " + args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_TRUE(has(r.err, msg)) << args << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << args;
+  }
+  const Ran four = run_cli("generate configs/experiments/quickstart.yaml --prompt x");
+  EXPECT_EQ(four.code, 2);
+  EXPECT_TRUE(has(four.err, "quickstart.yaml: generation needs exactly one plugin, the tokenizer of the model's text"))
+      << four.err;
+}
+
+// The run task over a text file of prompts: each line continued as `tessera generate` continues it
+// alone (the run decodes them as one batch), a line too long for the positions a bad item.
+TEST(Cli, RunGenerateWritesCompletionsAndRecordsBadItems) {
+  namespace fs = std::filesystem;
+  const std::string d = ::testing::TempDir() + "tessera_cli_generate_" + std::to_string(getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d + "/prompts.txt") << "Once upon a time\n" << std::string(130, 'x') << "\nHi\n";
+  const Ran r = run_cli("run " + kTiny + " --out " + d + "/run --set data.path=" + d + "/prompts.txt");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(has(r.out, "3 items, 2 sequences written, 1 failed")) << r.out;
+  std::ifstream f(d + "/run/completions.jsonl");
+  const std::vector<nlohmann::json> got = json_lines(std::string(std::istreambuf_iterator<char>(f), {}));
+  ASSERT_EQ(got.size(), 2u);
+  const std::pair<int, std::string> items[] = {{0, "Once upon a time"}, {2, "Hi"}};
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& [item, prompt] = items[i];
+    EXPECT_EQ(got[i]["item"], item);
+    EXPECT_EQ(got[i]["id"], "prompts.txt:" + std::to_string(item + 1));
+    EXPECT_EQ(got[i]["rows"], prompt.size());
+    const Ran alone = run_cli("generate " + kTiny + " --json --prompt '" + prompt + "'");
+    const std::vector<nlohmann::json> one = json_lines(alone.out);
+    ASSERT_EQ(one.size(), 1u) << alone.err;
+    EXPECT_EQ(got[i]["ids"], one[0]["ids"]) << prompt;
+    EXPECT_EQ(got[i]["finish_reason"], one[0]["finish_reason"]);
+    EXPECT_EQ(got[i]["completion"], one[0]["completion"]);
+  }
+  std::ifstream e(d + "/run/errors.jsonl");
+  const std::vector<nlohmann::json> errors = json_lines(std::string(std::istreambuf_iterator<char>(e), {}));
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0]["item"], 1);
+  EXPECT_TRUE(has(errors[0]["reason"].get<std::string>(), "130 rows, more than model.positions.max_len (128)")) << errors[0].dump();
+  EXPECT_FALSE(fs::exists(d + "/run/index.jsonl"));
+  fs::remove_all(d);
+}
+
+TEST(Cli, BenchTimesPrefillAndDecodeForLanguageModels) {
+  const std::string json = ::testing::TempDir() + "tessera_cli_bench_generate_" + std::to_string(getpid()) + ".json";
+  const Ran r = run_cli("bench " + kTiny + " --reps 2 --warmup 0 --no-peak --seq-len 16 --decode 8 --json " + json);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "prefill 16 tokens x batch 1 into a KV cache: median")) << r.out;
+  EXPECT_TRUE(has(r.out, "decode 8 tokens one at a time after them (greedy): median")) << r.out;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["prefill_tokens"], 16);
+  EXPECT_EQ(j["decode_tokens"], 8);
+  EXPECT_EQ(j["decode_times_s"].size(), 2u);
+  EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0);
+  std::remove(json.c_str());
+  // Only as many tokens as the positions hold after the prompt; none for a model that is no
+  // language model.
+  const Ran full = run_cli("bench " + kTiny + " --reps 1 --warmup 0 --no-peak --seq-len 120 --decode 64");
+  EXPECT_TRUE(has(full.out, "decode 8 tokens one at a time")) << full.out;
+  const Ran encoder = run_cli("bench configs/examples/exercise_n5.yaml --reps 1 --warmup 0 --no-peak");
+  ASSERT_EQ(encoder.code, 0) << encoder.err;
+  EXPECT_FALSE(has(encoder.out, "prefill")) << encoder.out;
 }

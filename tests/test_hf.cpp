@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/config.h"
+#include "tessera/generate.h"
 #include "tessera/hf.h"
 #include "tessera/model.h"
 #include "tessera/npy.h"
@@ -302,6 +303,39 @@ TEST(HfPlugins, ImageAndAudioOptionsFromTheFolderGiveTheReferenceRows) {
       // AST normalisation, which divides by 2·4.57).
       EXPECT_LE(max_abs_diff(rows[0].features.slice(0, 2, rows[0].size()), want), 1e-4f) << files[i];
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generation on a real checkpoint folder: the sharded GPT-2's greedy continuations equal
+// transformers' generate() (KV cache on both sides), and each step's logits, recomputed over the
+// whole sequence, equal the scores generate() reported.
+
+TEST(HfGenerate, Gpt2GreedyContinuationsEqualTransformersGenerate) {
+  const Reference ref = reference("gpt2");
+  const hf::Folder f = import(kHf + "gpt2/model");
+  Result<Model> model = Model::build(f.model);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < ref.items(); ++i) {
+    const Tensor ids = ref.get("inputs." + std::to_string(i));
+    prompts.emplace_back(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+  }
+  GenerateOptions o;
+  o.max_new_tokens = 12;
+  Result<std::vector<Generation>> gen = generate(*model, prompts, o);  // all prompts in one batch
+  ASSERT_TRUE(gen.ok()) << gen.status().message();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("prompt " + std::to_string(i));
+    const Tensor want = ref.get("generate." + std::to_string(i));
+    EXPECT_EQ((*gen)[i].ids, std::vector<int32_t>(want.data<int32_t>(), want.data<int32_t>() + want.numel()));
+    std::vector<int32_t> all = prompts[i];
+    all.insert(all.end(), (*gen)[i].ids.begin(), (*gen)[i].ids.end() - 1);
+    Outputs out;
+    ASSERT_TRUE(model->forward(Batch::from_ids(all), {}, &out).ok());
+    const int64_t T = static_cast<int64_t>(prompts[i].size());
+    EXPECT_LE(max_abs_diff(out.logits.select(0, 0).slice(0, T - 1, T - 1 + 12), ref.get("generate_logits." + std::to_string(i))),
+              kTol);
   }
 }
 

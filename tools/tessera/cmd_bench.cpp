@@ -1,6 +1,8 @@
 // `tessera bench`: time a model's forward pass on random inputs of a chosen shape — warm-up, then
 // the median of N runs — and relate it to this machine's f32 matmul peak, measured in the same
-// run. A benchmark, not a test: figures go to stdout (and --json), nothing is asserted.
+// run; for causal language models also generation with the KV cache: the input as a prompt
+// (prefill), then tokens one at a time (decode). A benchmark, not a test: figures go to stdout
+// (and --json), nothing is asserted.
 // `tessera bench --plugins` times the modality plugins' front ends instead (cmd_bench_plugins.cpp).
 #include <sys/resource.h>
 
@@ -14,6 +16,7 @@
 #include "commands.h"
 #include "common.h"
 #include "tessera/fileio.h"
+#include "tessera/generate.h"
 #include "tessera/random.h"
 
 namespace tessera::cli {
@@ -23,7 +26,7 @@ namespace {
 struct BenchArgs {
   std::string file, json;
   std::vector<std::string> overrides;
-  int64_t batch = 0, seq_len = 0;
+  int64_t batch = 0, seq_len = 0, decode = 128;
   int reps = 0, warmup = -1, threads = -1;
   bool no_peak = false;
   uint64_t seed = 0;
@@ -45,6 +48,42 @@ double measure_matmul_peak() {
     if (i > 0) t.push_back(seconds_since(t0));
   }
   return 2.0 * n * n * n / median(t) / 1e9;
+}
+
+// Generation's two phases with the KV cache, each rep on a fresh cache: the batch's rows as prompts
+// in one forward (prefill), then `n` steps of one new row per sequence, each the greedy pick of the
+// step before (decode). Seconds per rep of each phase in *prefill and *decode.
+Status time_generation(const Model& m, const Batch& batch, int64_t n, int warmup, int reps, bool reference,
+                       std::vector<double>* prefill, std::vector<double>* decode) {
+  const int64_t B = batch.batch_size(), T = batch.seq_len(), V = m.config().stem.vocab_size;
+  Result<KVCache> cache = KVCache::create(m, B, T + n);
+  if (!cache.ok()) return cache.status();
+  ForwardOptions o;
+  o.reference = reference;
+  o.cache = &*cache;
+  o.last_logits = true;
+  Outputs out;
+  Batch step;
+  step.ids = Tensor::empty({B, 1}, DType::i32);
+  for (int i = 0; i < warmup + reps; ++i) {
+    cache->clear();
+    auto t0 = std::chrono::steady_clock::now();
+    TSR_RETURN_IF_ERROR(m.forward(batch, o, &out));
+    const double p = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t k = 0; k < n; ++k) {
+      for (int64_t b = 0; b < B; ++b) {
+        const float* l = out.logits.data<float>() + b * V;
+        step.ids.data<int32_t>()[b] = static_cast<int32_t>(std::max_element(l, l + V) - l);
+      }
+      TSR_RETURN_IF_ERROR(m.forward(step, o, &out));
+    }
+    if (i >= warmup) {
+      prefill->push_back(p);
+      decode->push_back(seconds_since(t0));
+    }
+  }
+  return Status::Ok();
 }
 
 int run_bench(const BenchArgs& a) {
@@ -113,9 +152,35 @@ int run_bench(const BenchArgs& a) {
   if (peak > 0)
     rows.push_back({"matmul peak", fmt(peak, 1, false) + " GFLOP/s (f32 2048^3 oneDNN matmul, measured now) -> " +
                                        fmt(100.0 * rate / peak, 1, false) + " % of peak"});
+  // Generation (causal language models): prefill, then decode with the KV cache.
+  std::vector<double> prefill, decode;
+  int64_t n = a.decode;
+  const bool generative = e.model.head.kind == HeadKind::lm && e.model.causal && n > 0;
+  if (generative) {
+    const bool limited =
+        e.model.positions.kind == PositionKind::learned || e.model.positions.kind == PositionKind::sinusoidal;
+    if (limited && T + n > e.model.positions.max_len) n = std::max<int64_t>(0, e.model.positions.max_len - T);
+    if (n == 0) {
+      std::fprintf(stderr, "tessera bench: no room to decode after %lld rows (positions.max_len %lld)\n",
+                   static_cast<long long>(T), static_cast<long long>(e.model.positions.max_len));
+    } else if (Status st = time_generation(L->model, batch, n, warmup, reps, opt.reference, &prefill, &decode);
+               !st.ok()) {
+      std::fprintf(stderr, "tessera bench: generation: %s\n", st.message().c_str());
+      return kExitFailure;
+    }
+  }
+  if (!prefill.empty()) {
+    const double p = median(prefill), d = median(decode);
+    rows.push_back({"prefill", std::to_string(T) + " tokens x batch " + std::to_string(B) +
+                                   " into a KV cache: median " + fmt(p * 1e3, 2, false) + " ms, " +
+                                   fmt(static_cast<double>(B * T) / p, 0, false) + " tokens/s"});
+    rows.push_back({"decode", std::to_string(n) + " tokens one at a time after them (greedy): median " +
+                                  fmt(d * 1e3 / static_cast<double>(n), 2, false) + " ms per step, " +
+                                  fmt(static_cast<double>(B * n) / d, 1, false) + " tokens/s"});
+  }
   std::printf("%s", table(rows, 0).c_str());
   if (!a.json.empty()) {
-    const nlohmann::json j = {{"model", name},
+    nlohmann::json j = {{"model", name},
                               {"file", a.file},
                               {"dtype", dtype_name(e.model.dtype)},
                               {"batch", B},
@@ -131,6 +196,14 @@ int run_bench(const BenchArgs& a) {
                               {"peak_gflops", peak},
                               {"fraction_of_peak", peak > 0 ? rate / peak : 0.0},
                               {"max_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
+    if (!prefill.empty()) {
+      j["prefill_tokens"] = T;
+      j["prefill_times_s"] = prefill;
+      j["prefill_tokens_per_s"] = static_cast<double>(B * T) / median(prefill);
+      j["decode_tokens"] = n;
+      j["decode_times_s"] = decode;
+      j["decode_tokens_per_s"] = static_cast<double>(B * n) / median(decode);
+    }
     if (Status st = write_file_atomic(a.json, j.dump(2) + "\n"); !st.ok()) {
       std::fprintf(stderr, "tessera bench: %s\n", st.message().c_str());
       return kExitFailure;
@@ -157,6 +230,10 @@ void add_bench_command(CLI::App& app, std::function<int()>* run) {
                                   "intra-op threads (default: runtime.threads; 0 = all cores)");
   auto* seed = cmd->add_option("--seed", args->seed, "seed of the random input")->capture_default_str();
   auto* no_peak = cmd->add_flag("--no-peak", args->no_peak, "skip measuring the matmul peak");
+  auto* decode = cmd->add_option("--decode", args->decode,
+                                 "causal language models: also time generation with the KV cache, the input as "
+                                 "the prompt, then this many tokens one at a time (0: skip)")
+                     ->capture_default_str();
   cmd->add_option("--json", args->json, "also write the figures to this file as one JSON object");
   auto* set = cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
   PluginBenchArgs& p = args->plugin_args;
@@ -164,7 +241,7 @@ void add_bench_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_flag("--plugins", args->plugins,
                 "time the built-in plugins' front ends (image, audio, protein, text) on one thread instead "
                 "of a model")
-      ->excludes(file, batch, seq_len, threads, seed, no_peak, set);
+      ->excludes(file, batch, seq_len, threads, seed, no_peak, set, decode);
   cmd->add_option(
       "--input", p.inputs,
       "--plugins: ROLE=PATH, read PATH instead of the default file of ROLE (repeatable); roles: image, "

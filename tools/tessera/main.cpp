@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::function<int()> run;
   add_run_command(app, &run);
+  add_generate_command(app, &run);
   add_check_command(app, &run);
   add_explain_command(app, &run);
   add_forward_command(app, &run);

@@ -211,7 +211,7 @@ struct PluginConfig {
 };
 
 enum class DataFormat : int { auto_detect = 0, dir = 1, glob = 2, manifest = 3, fasta = 4, lines = 5 };
-enum class TaskKind : int { embed = 0, hidden = 1, classify = 2, score = 3 };
+enum class TaskKind : int { embed = 0, hidden = 1, classify = 2, score = 3, generate = 4 };
 
 struct DataConfig {
   std::string path;   // a file, directory or glob; relative to the YAML file; "" = none
@@ -227,11 +227,25 @@ struct AttentionExportConfig {
   bool png = true;              // also draw PNG heatmaps
 };
 
+// Generation's options (task.kind generate, and the defaults of `tessera generate`); their
+// meaning is GenerateOptions' (tessera/generate.h).
+struct GenerateConfig {
+  int64_t max_new_tokens = 32;
+  double temperature = 0.0;         // 0: greedy
+  int64_t top_k = 0;                // 0: every token
+  double top_p = 1.0;               // 1: every token
+  double repetition_penalty = 1.0;  // 1: none
+  int64_t seed = 0;
+  std::vector<std::string> stop;    // stop strings
+  std::vector<int64_t> stop_ids;    // stop tokens
+};
+
 struct TaskConfig {
   TaskKind kind = TaskKind::embed;
   int64_t top_k = 5;      // classify, score: how many classes / next tokens to report
   std::string labels;     // classify: class names, one per line (else model.head.labels, else indices)
   AttentionExportConfig attention;
+  GenerateConfig generate;
 };
 
 struct OutputsConfig {

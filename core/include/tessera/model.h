@@ -87,15 +87,26 @@ struct Batch {
   int64_t seq_len() const;  // input rows, before a CLS row is added
 };
 
+class KVCache;  // tessera/generate.h
+
 struct ForwardOptions {
   bool reference = false;          // plain loops instead of oneDNN
   std::set<std::string> capture;   // intermediate names to keep; "*" keeps all
+  // Causal models: batch row b continues sequence b of the cache (see generate.h). Its rows take
+  // the positions after the cached ones and attend to the cached rows too; their keys and values
+  // are appended (padding rows' are not). Needs one sequence per batch row (no segments, no
+  // explicit positions) and a batch of cache->sequences() rows. On steps where some sequence
+  // already has cached rows, the attention scores and weights are not captured.
+  KVCache* cache = nullptr;
+  // lm head: logits (B, V) of each item's last valid row only, not (B, T', V): what generation
+  // needs, at 1/T' of the head's cost.
+  bool last_logits = false;
 };
 
 struct Outputs {
   Tensor hidden;  // (B, T', C) after the final norm; T' = T (+1 with a CLS row)
   Tensor pooled;  // (B, C)                       head pool / classifier
-  Tensor logits;  // (B, n_classes) or (B, T', V) head classifier / lm
+  Tensor logits;  // (B, n_classes) or (B, T', V) head classifier / lm; (B, V) with last_logits
   Tensor probs;   // softmax of the logits: (B, n_classes), or (B, V) for the next token
                   // after each item's last valid row (lm)
   std::map<std::string, Tensor> captured;  // requested intermediates, by name

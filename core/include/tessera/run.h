@@ -9,7 +9,7 @@
 // The run folder holds: manifest.json (what ran: config and model hashes, plugin versions, batches
 // done), errors.jsonl (one line per bad item: id, file, reason), and by task: embeddings.npy +
 // index.jsonl (embed), hidden.npy + index.jsonl with row offsets (hidden), predictions.jsonl
-// (classify, score), rows.jsonl (provenance of every row), attention/ (.npy per item and layer,
+// (classify, score), completions.jsonl (generate), rows.jsonl (provenance of every row), attention/ (.npy per item and layer,
 // PNG heatmaps). See docs/RUNS.md.
 //
 // Nothing is lost: each batch's outputs are written atomically (temp file, fsync, rename) before the
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tessera/config.h"
+#include "tessera/generate.h"
 #include "tessera/model.h"
 #include "tessera/plugins.h"
 #include "tessera/status.h"
@@ -118,5 +119,16 @@ Result<DatasetPreview> preview_dataset(const Experiment& exp, int64_t max_items)
 // Problems between the experiment's plugins and its model (row kinds, vocabulary, feature width,
 // modalities), as diagnostics at the plugin's place in the YAML. Creates one encoder per plugin.
 void check_plugins_fit(const Experiment& exp, Diagnostics* diags);
+
+// ---------------------------------------------------------------------------------------------
+// Generation (task.kind generate, `tessera generate`)
+
+// The experiment's plugin as generation uses it, to encode prompts and decode the new tokens:
+// exactly one plugin, reading text and giving token ids, with the model's vocabulary (so every id
+// the model can generate has a text). Refusals say what to change.
+Result<Encoder> generation_encoder(const Experiment& exp);
+
+// task.generate as GenerateOptions (without decode and callbacks).
+GenerateOptions generate_options(const GenerateConfig& c);
 
 }  // namespace tessera

@@ -52,8 +52,11 @@ const Names<HeadKind> kHeadNames = {{"none", HeadKind::none},
 const Names<DataFormat> kDataFormatNames = {{"auto", DataFormat::auto_detect}, {"dir", DataFormat::dir},
                                             {"glob", DataFormat::glob},         {"manifest", DataFormat::manifest},
                                             {"fasta", DataFormat::fasta},       {"lines", DataFormat::lines}};
-const Names<TaskKind> kTaskNames = {
-    {"embed", TaskKind::embed}, {"hidden", TaskKind::hidden}, {"classify", TaskKind::classify}, {"score", TaskKind::score}};
+const Names<TaskKind> kTaskNames = {{"embed", TaskKind::embed},
+                                    {"hidden", TaskKind::hidden},
+                                    {"classify", TaskKind::classify},
+                                    {"score", TaskKind::score},
+                                    {"generate", TaskKind::generate}};
 const Names<PoolKind> kPoolNames = {
     {"cls", PoolKind::cls}, {"mean", PoolKind::mean}, {"last", PoolKind::last}, {"cls_dist", PoolKind::cls_dist}};
 const Names<ModelSource> kSourceNames = {{"tessera", ModelSource::tessera}, {"hf", ModelSource::hf}};
@@ -402,6 +405,34 @@ KeyRule float_key(std::string path, std::string def, std::string meaning, Get ge
   r.spec = {std::move(path), "float > 0", std::move(def), std::move(meaning)};
   r.read = [get](const Node& n, const std::string& key, WalkContext& c) {
     return read_positive_float(n, key, c, &get(*c.exp));
+  };
+  r.print = [get](const Experiment& e) { return format_double(get(e)); };
+  return r;
+}
+
+// A float in a range of its own: `range` is how the type and the problem name it ("in (0, 1]"),
+// `inside` decides a finite value.
+template <class Get>
+KeyRule float_range_key(std::string path, std::string range, bool (*inside)(double), std::string def,
+                        std::string meaning, Get get) {
+  KeyRule r;
+  r.spec = {std::move(path), "float " + range, std::move(def), std::move(meaning)};
+  r.read = [get, range, inside](const Node& n, const std::string& key, WalkContext& c) {
+    double v = 0.0;
+    if (!n.is_scalar() || !n.plain || !parse_float_text(n.text, &v)) {
+      c.error(n, key, "expected float, found " + describe(n));
+      return false;
+    }
+    if (!std::isfinite(v)) {
+      c.error(n, key, "must be a finite number, found " + n.text);
+      return false;
+    }
+    if (!inside(v)) {
+      c.error(n, key, "must be " + range + ", found " + n.text);
+      return false;
+    }
+    get(*c.exp) = v;
+    return true;
   };
   r.print = [get](const Experiment& e) { return format_double(get(e)); };
   return r;
@@ -1102,7 +1133,8 @@ std::vector<KeyRule> build_rules() {
                        FIELD(data.allow_missing)));
   r.push_back(enum_key("task.kind", kTaskNames, "embed",
                        "embed: one pooled vector per item; hidden: every row's state; classify: top-k classes; "
-                       "score: next-token probabilities and the sequence's log-likelihood",
+                       "score: next-token probabilities and the sequence's log-likelihood; generate: continue "
+                       "each item's text (task.generate)",
                        FIELD(task.kind)));
   r.push_back(int_key("task.top_k", kAtLeastOne, "5", "classify, score: how many classes or tokens to report",
                       FIELD(task.top_k)));
@@ -1115,6 +1147,35 @@ std::vector<KeyRule> build_rules() {
                            [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.attention.heads; }));
   r.push_back(bool_key("task.attention.png", "true", "also draw each exported map as a PNG heatmap",
                        FIELD(task.attention.png)));
+  r.push_back(int_key("task.generate.max_new_tokens", kAtLeastOne, "32",
+                      "generate: most new tokens per item (fewer where positions.max_len runs out)",
+                      FIELD(task.generate.max_new_tokens)));
+  r.push_back(float_range_key("task.generate.temperature", ">= 0", [](double v) { return v >= 0; }, "0",
+                              "generate: 0 picks the most likely token (greedy); > 0 samples from the "
+                              "logits divided by it",
+                              FIELD(task.generate.temperature)));
+  r.push_back(int_key("task.generate.top_k", kNonNegative, "0",
+                      "generate, sampling: only the k most likely tokens; 0 = all", FIELD(task.generate.top_k)));
+  r.push_back(float_range_key("task.generate.top_p", "in (0, 1]", [](double v) { return v > 0 && v <= 1; }, "1",
+                              "generate, sampling: only the most likely tokens whose probabilities add up to "
+                              "top_p (nucleus); 1 = all",
+                              FIELD(task.generate.top_p)));
+  r.push_back(float_key("task.generate.repetition_penalty", "1",
+                        "generate: logits of tokens already in the sequence (prompt included) divided by it when "
+                        "positive, multiplied when negative; 1 = none",
+                        FIELD(task.generate.repetition_penalty)));
+  r.push_back(int_key("task.generate.seed", kNonNegative, "0",
+                      "generate, sampling: each item draws from its own generator with this seed",
+                      FIELD(task.generate.seed)));
+  r.push_back(string_list_key("task.generate.stop",
+                              "generate: an item stops when its completion contains one of these; the "
+                              "completion is cut before it",
+                              FIELD(task.generate.stop)));
+  r.push_back(int_list_key("task.generate.stop_ids", kNonNegative,
+                           "generate: an item stops after generating one of these tokens (e.g. GPT-2's 50256); the "
+                           "plugin's own EOS joins them when it ends the prompt",
+                           nullptr, [](Experiment& e) -> std::vector<int64_t>& { return e.task.generate.stop_ids; },
+                           [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.generate.stop_ids; }));
   r.push_back(string_key("outputs.dir", "runs/<experiment name>",
                          "the run folder, relative to the current directory", FIELD(outputs.dir)));
   r.push_back(bool_key("outputs.provenance", "true", "write each row's provenance (rows.jsonl)",

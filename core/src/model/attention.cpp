@@ -21,10 +21,124 @@ Tensor head_view(const Tensor& buf, int64_t B, int64_t T, int64_t col0, int64_t 
   return buf.reshape({B, T, N}).slice(2, col0, col0 + H * D).unflatten(2, H, D).transpose(1, 2);
 }
 
+// Copies the new rows' keys k (B, H, T, dk) and values v (B, H, T, dv) behind each sequence's
+// cached rows; padding rows are not cached.
+void append_to_cache(const Tensor& k, const Tensor& v, const RowLayout& rows, const CacheView& kv) {
+  const int64_t B = k.dim(0), H = k.dim(1), T = k.dim(2), dk = k.dim(3), dv = v.dim(3), cap = kv.capacity;
+  const float* kp = k.data<float>();
+  const float* vp = v.data<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      if (rows.seg[static_cast<size_t>(b * T + t)] < 0) continue;
+      const int64_t at = (*kv.past)[static_cast<size_t>(b)] + t;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* ks = kp + b * k.stride(0) + h * k.stride(1) + t * k.stride(2);
+        const float* vs = vp + b * v.stride(0) + h * v.stride(1) + t * v.stride(2);
+        float* kd = kv.k + ((b * H + h) * cap + at) * dk;
+        float* vd = kv.v + ((b * H + h) * cap + at) * dv;
+        for (int64_t d = 0; d < dk; ++d) kd[d] = ks[d * k.stride(3)];
+        for (int64_t d = 0; d < dv; ++d) vd[d] = vs[d * v.stride(3)];
+      }
+    }
+}
+
+// The attention of new rows that continue cached sequences: row i of batch row b (position
+// past[b] + i) reads the cached rows and the new rows up to its own, all of them in the cache by
+// now (causal). Plain loops on both paths: one query row against one head's contiguous cached
+// keys is a matrix-vector product, a decode step's cost is in the weights rather than here, and
+// oneDNN would want a new primitive for every cache length. Writes the heads into concat
+// (B, T, H·dv); padding rows get zeros.
+void attend_cached(const AttentionLayer& L, const Tensor& q, const RowLayout& rows, const CacheView& kv,
+                   Tensor& concat) {
+  const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), dk = L.d_k, dv = L.d_v, cap = kv.capacity;
+  const float* qp = q.data<float>();
+  const int64_t qb = q.stride(0), qh = q.stride(1), qt = q.stride(2), qd = q.stride(3);
+  float* out = concat.data<float>();
+  const bool relative = L.positions.kind == PositionKind::relative;
+  const int64_t kmax = L.positions.max_distance, R = 2 * kmax + 1;
+  const float* ak = relative ? L.rel_k.data<float>() : nullptr;  // (2k+1, dk)
+  const float* av = relative ? L.rel_v.data<float>() : nullptr;  // (2k+1, dv)
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t past = (*kv.past)[static_cast<size_t>(b)];
+      const float* K = kv.k + (b * H + h) * cap * dk;
+      const float* V = kv.v + (b * H + h) * cap * dv;
+      std::vector<float> w(static_cast<size_t>(past + T)), qi(static_cast<size_t>(dk));
+      std::vector<float> qa(relative ? static_cast<size_t>(R) : 0), wr(relative ? static_cast<size_t>(R) : 0);
+      for (int64_t i = 0; i < T; ++i) {
+        float* o = out + (b * T + i) * H * dv + h * dv;
+        std::fill(o, o + dv, 0.f);
+        if (rows.seg[static_cast<size_t>(b * T + i)] < 0) continue;
+        for (int64_t d = 0; d < dk; ++d) qi[static_cast<size_t>(d)] = qp[b * qb + h * qh + i * qt + d * qd];
+        const int64_t n = past + i + 1, pos_i = rows.position(b, i);
+        if (relative)  // Shaw et al.: q_i · a^K_r for every clipped offset r
+          for (int64_t r = 0; r < R; ++r) {
+            float acc = 0.f;
+            for (int64_t d = 0; d < dk; ++d) acc += qi[static_cast<size_t>(d)] * ak[r * dk + d];
+            qa[static_cast<size_t>(r)] = L.scale * acc;
+          }
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kj = K + j * dk;
+          float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t d = 0; d < dk; ++d) acc += qi[static_cast<size_t>(d)] * kj[d];
+          float sj = L.scale * acc;
+          if (relative) sj += qa[static_cast<size_t>(relative_index(pos_i, j, kmax))];
+          w[static_cast<size_t>(j)] = sj;
+          mx = std::max(mx, sj);
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j < n; ++j) sum += (w[static_cast<size_t>(j)] = std::exp(w[static_cast<size_t>(j)] - mx));
+        const float inv = 1.f / sum;
+        if (relative) std::fill(wr.begin(), wr.end(), 0.f);
+        for (int64_t j = 0; j < n; ++j) {
+          const float a = w[static_cast<size_t>(j)] * inv;
+          const float* vj = V + j * dv;
+#pragma omp simd
+          for (int64_t d = 0; d < dv; ++d) o[d] += a * vj[d];
+          if (relative) wr[static_cast<size_t>(relative_index(pos_i, j, kmax))] += a;
+        }
+        if (relative)  // O_i += Σ_j A_ij a^V_{clip(j - i)}
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t d = 0; d < dv; ++d) o[d] += wr[static_cast<size_t>(r)] * av[r * dv + d];
+      }
+    }
+}
+
+// 6. Output projection back to d_model, with the residual fused: y = [x +] concat · W_O + b_O.
+Status project_out(const AttentionLayer& L, const Exec& ex, const Tensor& concat, const Tensor* residual, Tensor& y,
+                   const Capture& cap, const std::string& p) {
+  const int64_t B = concat.dim(0), T = concat.dim(1), H = L.n_heads, dv = L.d_v;
+  if (!L.out.defined()) {
+    if (residual) return Status::Invalid(p + ": a residual needs the output projection W_O");
+    y.copy_from(concat);
+    return Status::Ok();
+  }
+  Tensor y2 = y.reshape({B * T, L.out.out_features()});
+  if (residual) {
+    const Tensor r2 = residual->reshape({B * T, L.out.out_features()});
+    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), y2, &r2));
+  } else {
+    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), y2));
+  }
+  if (cap.wants(p + ".out") && residual) {
+    // The projection alone, for explain: recompute without the residual (captures only).
+    Tensor u = Tensor::empty({B * T, L.out.out_features()});
+    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), u));
+    cap.put(p + ".out", u.reshape({B, T, L.out.out_features()}));
+  } else {
+    cap.put(p + ".out", y);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& x, const RowLayout& rows,
-                         const Tensor* residual, Tensor& y, const Capture& cap, const std::string& p) {
+                         const Tensor* residual, Tensor& y, const Capture& cap, const std::string& p,
+                         const CacheView* kv) {
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   const int64_t H = L.n_heads, dk = L.d_k, dv = L.d_v;
   const int32_t* positions = rows.plain ? nullptr : rows.pos.data();
@@ -43,6 +157,16 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   cap.put(p + ".q", q);
   cap.put(p + ".k", k);
   cap.put(p + ".v", v);
+  if (kv) {
+    append_to_cache(k, v, rows, *kv);
+    if (kv->any_past()) {  // without cached rows, the new rows alone are the whole story: go on below
+      Tensor concat = Tensor::empty({B, T, H * dv});
+      attend_cached(L, q, rows, *kv, concat);
+      cap.put(p + ".heads", concat.unflatten(2, H, dv).transpose(1, 2));
+      cap.put(p + ".concat", concat);
+      return project_out(L, ex, concat, residual, y, cap, p);
+    }
+  }
 
   // 2. Score every pair: S (B, H, T, T) = scale · Q Kᵀ.
   Tensor scores = Tensor::empty({B, H, T, T});
@@ -123,29 +247,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   }
   cap.put(p + ".heads", heads);
   cap.put(p + ".concat", concat);
-
-  // 6. Output projection back to d_model, with the residual fused: y = [x +] concat · W_O + b_O.
-  if (!L.out.defined()) {
-    if (residual) return Status::Invalid(p + ": a residual needs the output projection W_O");
-    y.copy_from(concat);
-    return Status::Ok();
-  }
-  Tensor y2 = y.reshape({B * T, L.out.out_features()});
-  if (residual) {
-    const Tensor r2 = residual->reshape({B * T, L.out.out_features()});
-    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), y2, &r2));
-  } else {
-    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), y2));
-  }
-  if (cap.wants(p + ".out") && residual) {
-    // The projection alone, for explain: recompute without the residual (captures only).
-    Tensor u = Tensor::empty({B * T, L.out.out_features()});
-    TSR_RETURN_IF_ERROR(ex.linear(L.out, concat.reshape({B * T, H * dv}), u));
-    cap.put(p + ".out", u.reshape({B, T, L.out.out_features()}));
-  } else {
-    cap.put(p + ".out", y);
-  }
-  return Status::Ok();
+  return project_out(L, ex, concat, residual, y, cap, p);
 }
 
 }  // namespace tessera::model

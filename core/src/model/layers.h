@@ -58,10 +58,27 @@ struct AttentionLayer {
   Tensor rel_v;  // (2k+1, dv) relative value embeddings, or undefined
 };
 
+// One layer's part of a KV cache (tessera/generate.h), as Model::forward hands it to the attention:
+// batch row b is sequence b, whose first past[b] rows are cached.
+struct CacheView {
+  float* k = nullptr;  // (B, H, capacity, dk): row t of head h of sequence b at ((b·H + h)·capacity + t)·dk
+  float* v = nullptr;  // (B, H, capacity, dv)
+  int64_t capacity = 0;
+  const std::vector<int64_t>* past = nullptr;
+  bool any_past() const {
+    for (int64_t n : *past)
+      if (n > 0) return true;
+    return false;
+  }
+};
+
 // y (B, T, C_out) = [residual +] W_O · concat_h softmax(mask(scale · Q_h K_hᵀ)) V_h for x (B, T, C).
 // rows: who attends to whom and the positions. y may be *residual (in-place residual).
 // Without an output projection, y is the concatenation (B, T, H·dv) and residual must be null.
+// With a cache (causal layers, one sequence per batch row), the new rows' keys and values are
+// appended to it, and when any sequence has cached rows the new rows attend to those as well.
 Status attention_forward(const AttentionLayer& layer, const Exec& ex, const Tensor& x, const RowLayout& rows,
-                         const Tensor* residual, Tensor& y, const Capture& cap, const std::string& prefix);
+                         const Tensor* residual, Tensor& y, const Capture& cap, const std::string& prefix,
+                         const CacheView* cache = nullptr);
 
 }  // namespace tessera::model

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kv_cache.h"
 #include "layers.h"
 #include "tessera/model.h"
 #include "tessera/plugin.h"
@@ -382,6 +383,9 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   if (extra && (batch.segments.defined() || batch.positions.defined() || batch.kinds.defined()))
     return Status::Invalid("forward: packed or explicitly positioned rows must say where the CLS row is (give roles)");
   const int64_t B = batch.batch_size(), T_in = batch.seq_len(), T = T_in + extra, C = c.d_model;
+  std::vector<int64_t> past;  // with a KV cache: rows each batch row's sequence had cached before
+  std::vector<model::CacheView> kv;
+  if (opt.cache) TSR_RETURN_IF_ERROR(model::CacheAccess::bind(*opt.cache, c, batch, extra, &past, &kv));
 
   // Who attends to whom, and each row's position.
   model::RowLayout lay;
@@ -402,6 +406,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       run = s == prev ? run + 1 : 0;
       prev = s;
       lay.pos[i] = pos_in.defined() ? pos_in.data<int32_t>()[i] : (s < 0 ? static_cast<int32_t>(t) : run);
+      if (!past.empty() && s >= 0) lay.pos[i] += static_cast<int32_t>(past[static_cast<size_t>(b)]);
       if (lay.seg[i] != 0 || lay.pos[i] != t) lay.plain = false;
     }
   }
@@ -529,6 +534,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   for (size_t l = 0; l < L.blocks.size(); ++l) {
     const model::Block& blk = L.blocks[l];
     const std::string p = "blocks." + std::to_string(l);
+    const model::CacheView* cv = kv.empty() ? nullptr : &kv[l];
     cap.put(p + ".in", x);
     const float eps = static_cast<float>(c.norm_eps);
     const int64_t F = c.d_ff;
@@ -552,7 +558,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       TSR_RETURN_IF_ERROR(ex.layer_norm(x, blk.ln1_g, blk.ln1_b, eps, h));
       cap.put(p + ".ln1", h);
       cap.put(p + ".attn.in", h);
-      TSR_RETURN_IF_ERROR(model::attention_forward(blk.attn, ex, h, lay, &x, x, cap, p + ".attn"));
+      TSR_RETURN_IF_ERROR(model::attention_forward(blk.attn, ex, h, lay, &x, x, cap, p + ".attn", cv));
       cap.put(p + ".attn.residual", x);
       if (F > 0) {
         TSR_RETURN_IF_ERROR(ex.layer_norm(x, blk.ln2_g, blk.ln2_b, eps, h));
@@ -565,7 +571,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       const int64_t width = blk.attn.out.defined() ? C : c.n_heads * c.d_v;
       Tensor u = width == C ? h : Tensor::empty({B, T, width});
       TSR_RETURN_IF_ERROR(
-          model::attention_forward(blk.attn, ex, x, lay, c.residual ? &x : nullptr, u, cap, p + ".attn"));
+          model::attention_forward(blk.attn, ex, x, lay, c.residual ? &x : nullptr, u, cap, p + ".attn", cv));
       cap.put(p + ".attn.residual", u);
       if (c.norm == NormPlacement::post) {
         TSR_RETURN_IF_ERROR(ex.layer_norm(u, blk.ln1_g, blk.ln1_b, eps, x));
@@ -610,19 +616,36 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
     cap.put("head.pooled", pooled);
     out->pooled = pooled;
     if (c.head.kind == HeadKind::classifier) TSR_RETURN_IF_ERROR(classify(pooled, &out->logits, &out->probs, opt));
+  }
+  // The LM head on rows (N, C): dense + activation + layer norm first where the model has that
+  // transform (BERT MLM, ESM-2), then the vocabulary projection -> (N, V).
+  auto lm_logits = [&](const Tensor& rows, Tensor& logits) -> Status {
+    if (!L.transform.defined()) return ex.linear(L.head, rows, logits);
+    const int64_t N = rows.dim(0);
+    Tensor t1 = Tensor::empty({1, N, C}), t2 = Tensor::empty({1, N, C});
+    Tensor t1v = t1.reshape({N, C});
+    TSR_RETURN_IF_ERROR(ex.linear(L.transform, rows, t1v));
+    TSR_RETURN_IF_ERROR(ex.layer_norm(t1, L.transform_g, L.transform_b, static_cast<float>(c.norm_eps), t2));
+    return ex.linear(L.head, t2.reshape({N, C}), logits);
+  };
+  if (c.head.kind == HeadKind::lm && opt.last_logits) {
+    // Generation: only each item's last valid row goes through the head, (B, C) -> (B, V).
+    if (packed) return Status::Invalid("forward: last_logits needs one sequence per batch row (no segments)");
+    const int64_t V = c.stem.vocab_size;
+    Tensor last = Tensor::empty({B, C});
+    for (int64_t b = 0; b < B; ++b) {
+      const std::vector<int64_t> r = rows_of(lay, b, 0);
+      last.select(0, b).copy_from(x.select(0, b).select(0, r.empty() ? 0 : r.back()));
+    }
+    out->logits = Tensor::empty({B, V});
+    TSR_RETURN_IF_ERROR(lm_logits(last, out->logits));
+    out->probs = Tensor::empty({B, V});
+    TSR_RETURN_IF_ERROR(ex.softmax(out->logits, out->probs));
   } else if (c.head.kind == HeadKind::lm) {
     const int64_t V = c.stem.vocab_size;
     Tensor logits = Tensor::empty({B, T, V});
     Tensor l2 = logits.reshape({B * T, V});
-    Tensor rows = x;
-    if (L.transform.defined()) {  // dense + activation + layer norm (BERT MLM, ESM-2)
-      Tensor t1 = Tensor::empty({B * T, C});
-      TSR_RETURN_IF_ERROR(ex.linear(L.transform, x.reshape({B * T, C}), t1));
-      rows = Tensor::empty({B, T, C});
-      TSR_RETURN_IF_ERROR(ex.layer_norm(t1.reshape({B, T, C}), L.transform_g, L.transform_b,
-                                        static_cast<float>(c.norm_eps), rows));
-    }
-    TSR_RETURN_IF_ERROR(ex.linear(L.head, rows.reshape({B * T, C}), l2));
+    TSR_RETURN_IF_ERROR(lm_logits(x.reshape({B * T, C}), l2));
     out->logits = logits;
     if (!packed) {  // next-token distribution after each item's last valid row
       Tensor last = Tensor::empty({B, V});
@@ -637,6 +660,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   }
   if (out->logits.defined()) cap.put("head.logits", out->logits);
   if (out->probs.defined()) cap.put("head.probs", out->probs);
+  if (opt.cache) model::CacheAccess::advance(*opt.cache, batch);
   return Status::Ok();
 }
 

@@ -334,6 +334,7 @@ class Runner {
   EncodedBatch encode_batch(int64_t k);
   void encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch* out) const;
   Status run_batch(int64_t k, const EncodedBatch& eb);
+  Status generate_records(const std::vector<Sequence>& seqs, std::vector<json>* records) const;
   Status write_attention(const Sequence& s, int64_t b, int64_t start, const Outputs& out) const;
   Status write_manifest(const std::string& state) const;
   Status finalize();
@@ -344,6 +345,8 @@ class Runner {
   std::optional<Model> model_;
   std::vector<std::shared_ptr<const Plugin>> plugins_;
   std::vector<std::vector<Encoder>> encoders_;  // [worker][plugin]
+  std::optional<Encoder> decoder_;               // generate: the new tokens' text, apart from the workers'
+  GenerateOptions generate_;                     // generate: task.generate
   StemLayout layout_;                            // where each plugin's ids and columns go
   std::vector<DataItem> items_;
   std::vector<std::string> class_names_;
@@ -396,6 +399,22 @@ Status Runner::setup() {
   if (task == TaskKind::score && !exp_.model.causal)
     return Status::Invalid("task.kind score needs a causal model: next-token probabilities from a model that sees the "
                            "next token mean nothing (set model.arch: decoder, or model.causal: true)");
+  if (task == TaskKind::generate) {
+    if (exp_.model.head.kind != HeadKind::lm || !exp_.model.causal)
+      return Status::Invalid("task.kind generate needs a causal language model (model.arch: decoder, head.kind lm)");
+    if (exp_.runtime.packing)
+      return Status::Invalid("task.kind generate decodes each batch's prompts side by side, one per batch row: set "
+                             "runtime.packing: false");
+    if (!exp_.task.attention.layers.empty())
+      return Status::Invalid("task.kind generate exports no attention maps: remove task.attention.layers");
+    Result<Encoder> dec = generation_encoder(exp_);
+    if (!dec.ok()) return dec.status();
+    decoder_.emplace(std::move(dec).value());
+    generate_ = generate_options(exp_.task.generate);
+    generate_.reference = exp_.runtime.reference;
+    generate_.decode = [this](const std::vector<int32_t>& ids) { return decoder_->decode(ids); };
+    TSR_RETURN_IF_ERROR(check_generate_options(generate_));
+  }
   for (int64_t l : exp_.task.attention.layers)
     if (l >= exp_.model.n_layers)
       return Status::OutOfRange("task.attention.layers: layer " + std::to_string(l) + " does not exist (the model has " +
@@ -454,8 +473,8 @@ Status Runner::open_folder() {
   if (fs::exists(manifest, ec)) {
     if (opt_.force) {
       for (const char* leaf : {"shards", "attention"}) fs::remove_all(dir_ / leaf, ec);
-      for (const char* leaf : {"manifest.json", "errors.jsonl", "index.jsonl", "predictions.jsonl", "rows.jsonl",
-                               "embeddings.npy", "hidden.npy"})
+      for (const char* leaf : {"manifest.json", "errors.jsonl", "index.jsonl", "predictions.jsonl", "completions.jsonl",
+                               "rows.jsonl", "embeddings.npy", "hidden.npy"})
         fs::remove(dir_ / leaf, ec);
     } else if (!opt_.resume) {
       return Status::Invalid(dir_.string() + " already holds a run (manifest.json): continue it with --resume, or start "
@@ -702,7 +721,9 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
   std::vector<json> records;  // the batch's shard: one JSON line per sequence and per error
   Tensor values;              // the batch's embeddings (N, C) or hidden rows (sum of rows, C)
 
-  if (!seqs.empty()) {
+  if (!seqs.empty() && task == TaskKind::generate) {
+    TSR_RETURN_IF_ERROR(generate_records(seqs, &records).with_prefix("batch " + std::to_string(k)));
+  } else if (!seqs.empty()) {
     // Place sequences: one per batch row, or packed first-fit into rows as long as the longest.
     int64_t T = 0;
     for (const Sequence& s : seqs) T = std::max(T, s.rows.size());
@@ -854,9 +875,48 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
   return write_manifest("running");
 }
 
+// The batch's prompts continued together (generate): one record per sequence with its completion,
+// or a bad item when nothing is left of the prompt once its closing EOS row is removed.
+Status Runner::generate_records(const std::vector<Sequence>& seqs, std::vector<json>* records) const {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<size_t> which;  // prompts[i] is seqs[which[i]]
+  GenerateOptions o = generate_;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::vector<int32_t> eos;
+    std::vector<int32_t> p = prompt_ids(seqs[i].rows, &eos);
+    for (int32_t id : eos)  // the tokenizer's own end of text stops the completion too
+      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) == o.stop_ids.end()) o.stop_ids.push_back(id);
+    if (p.empty()) {
+      records->push_back(json{{"t", "error"}, {"item", seqs[i].item}, {"id", seqs[i].id},
+                          {"reason", seqs[i].id + ": the prompt has no token left once its closing special rows are "
+                                                  "removed (a completion continues the text before them)"}});
+      continue;
+    }
+    prompts.push_back(std::move(p));
+    which.push_back(i);
+  }
+  Result<std::vector<Generation>> gens = generate(*model_, prompts, o);
+  if (!gens.ok()) return gens.status();
+  for (size_t g = 0; g < prompts.size(); ++g) {
+    const Sequence& s = seqs[which[g]];
+    const DataItem& item = items_[static_cast<size_t>(s.item)];
+    const Generation& gen = (*gens)[g];
+    json r = {{"t", "seq"}, {"id", s.id}, {"item", s.item}, {"rows", s.rows.size()}};
+    if (!item.name.empty()) r["name"] = item.name;
+    if (item.label) r["label"] = *item.label;
+    r["completion"] = gen.text;
+    r["ids"] = gen.ids;
+    r["finish_reason"] = gen.finish_reason;
+    if (!gen.note.empty()) r["note"] = gen.note;
+    if (exp_.outputs.provenance) r["prov"] = provenance_json(s);
+    records->push_back(std::move(r));
+  }
+  return Status::Ok();
+}
+
 Status Runner::finalize() {
   // Merge the shards, in batch order, into the run's outputs.
-  std::string index, predictions, rows, errors;
+  std::string index, predictions, completions, rows, errors;
   std::vector<Tensor> parts;
   int64_t total = 0;
   for (int64_t k = 0; k < batches_; ++k) {
@@ -888,6 +948,7 @@ Status Runner::finalize() {
       }
       r.erase("t");
       if (exp_.task.kind == TaskKind::classify || exp_.task.kind == TaskKind::score) predictions += jsonl_line(r);
+      else if (exp_.task.kind == TaskKind::generate) completions += jsonl_line(r);
       else index += jsonl_line(r);
     }
   }
@@ -906,6 +967,8 @@ Status Runner::finalize() {
   }
   if (exp_.task.kind == TaskKind::classify || exp_.task.kind == TaskKind::score)
     TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "predictions.jsonl").string(), predictions));
+  else if (exp_.task.kind == TaskKind::generate)
+    TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "completions.jsonl").string(), completions));
   else
     TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "index.jsonl").string(), index));
   if (exp_.outputs.provenance) TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "rows.jsonl").string(), rows));

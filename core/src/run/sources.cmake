@@ -1,6 +1,7 @@
 target_sources(tessera PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/dataset.cpp
   ${CMAKE_CURRENT_LIST_DIR}/heatmap.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/runner.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/runner.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/generation.cpp)
 find_package(PNG REQUIRED)  # libpng-dev: attention heatmaps
 target_link_libraries(tessera PRIVATE PNG::PNG)
