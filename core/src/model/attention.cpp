@@ -58,7 +58,7 @@ void attend_cached(const AttentionLayer& L, const Tensor& q, const RowLayout& ro
   const int64_t kmax = L.positions.max_distance, R = 2 * kmax + 1;
   const float* ak = relative ? L.rel_k.data<float>() : nullptr;  // (2k+1, dk)
   const float* av = relative ? L.rel_v.data<float>() : nullptr;  // (2k+1, dv)
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * cap * (dk + dv) > 32768)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t past = (*kv.past)[static_cast<size_t>(b)];
@@ -180,7 +180,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
     const float* a = L.rel_k.data<float>();  // (2k+1, dk), f32 contiguous since build
     const float* qp = q.data<float>();
     const int64_t qb = q.stride(0), qh = q.stride(1), qt = q.stride(2);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * R * dk > 32768)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {
         std::vector<float> qa(static_cast<size_t>(R));
@@ -209,7 +209,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
     cap.put(p + ".mask", mask);
   }
   if (L.causal || !rows.plain) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * T > 32768)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < T; ++i) {
@@ -231,7 +231,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
     const float* a = L.rel_v.data<float>();  // (2k+1, dv)
     float* hp = heads.data<float>();
     const int64_t hb = heads.stride(0), hh = heads.stride(1), ht = heads.stride(2);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * R * dv > 32768)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {
         std::vector<float> wr(static_cast<size_t>(R));

@@ -38,7 +38,7 @@ void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64
   }
   float* base_ptr = x.data<float>();
   const int64_t sb = x.stride(0), sh = x.stride(1), st = x.stride(2), sd = x.stride(3);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * dims > 32768)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
