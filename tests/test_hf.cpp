@@ -5,6 +5,7 @@
 // the reference's inputs. Bad folders give one clear message naming the file and the problem.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -509,52 +510,43 @@ TEST(HfBadInput, BrokenJsonGivesLineAndColumn) {
 }
 
 TEST(HfBadInput, SafetensorsRuleViolationsNameTheFileAndRule) {
-  auto with_header = [](Scratch& s, const std::string& file, const std::function<void(std::string&)>& edit) {
-    std::string bytes = s.read(file);
+  // Each case breaks one rule of the format in a copy of the AST folder; the message names the
+  // file and the rule.
+  auto broken = [](const std::string& name, const std::function<void(std::string&)>& edit) {
+    Scratch s("ast", name);
+    std::string bytes = s.read("model.safetensors");
     edit(bytes);
-    s.write(file, bytes);
-    return s.errors();
+    s.write("model.safetensors", bytes);
+    return std::make_pair(s.path("model.safetensors"), s.errors());
   };
-  {
-    Scratch s("ast", "hdr");  // header length beyond the file
-    const std::string e = with_header(s, "model.safetensors", [](std::string& b) { b[5] = '\x7f'; });
-    EXPECT_NE(e.find(s.path("model.safetensors")), std::string::npos) << e;
-    EXPECT_NE(e.find("header"), std::string::npos) << e;
-  }
-  {
-    Scratch s("ast", "trunc");  // data cut short
-    const std::string e = with_header(s, "model.safetensors", [](std::string& b) { b.resize(b.size() - 100); });
-    EXPECT_NE(e.find(s.path("model.safetensors")), std::string::npos) << e;
-  }
-  {
-    Scratch s("ast", "dtype");  // a dtype whose size does not fit the offsets
-    const std::string e = with_header(s, "model.safetensors", [](std::string& b) {
-      const auto p = b.find("\"F32\"");
-      b.replace(p, 5, "\"F64\"");
-    });
-    EXPECT_NE(e.find(s.path("model.safetensors")), std::string::npos) << e;
-  }
-  {
-    Scratch s("ast", "overlap");  // offsets that overlap the previous tensor
-    const std::string e = with_header(s, "model.safetensors", [](std::string& b) {
-      const auto p = b.find("\"data_offsets\":[");
-      const auto q = b.find(',', p);
-      const std::string begin = b.substr(p + 16, q - p - 16);
-      if (begin != "0") b.replace(p + 16, begin.size(), std::string(begin.size() - 1, ' ') + "0");
-      else {
-        const auto p2 = b.find("\"data_offsets\":[", q);
-        const auto q2 = b.find(',', p2);
-        b.replace(p2 + 16, q2 - p2 - 16, std::string(q2 - p2 - 17, ' ') + "0");
-      }
-    });
-    EXPECT_NE(e.find(s.path("model.safetensors")), std::string::npos) << e;
-  }
-  {
-    Scratch s("gpt2", "shard");  // an index naming a shard that is gone
-    fs::remove(s.path("model-00002-of-00003.safetensors"));
-    EXPECT_NE(s.errors().find("names shard model-00002-of-00003.safetensors, which is not in the folder"),
-              std::string::npos);
-  }
+  auto offsets = [](const std::string& b, const std::string& tensor) {  // [begin, end) of "a,b" in the header
+    const size_t p = b.find("data_offsets\":[", b.find("\"" + tensor + "\"")) + 15;
+    return std::make_pair(p, b.find(']', p));
+  };
+  auto expect = [](const std::pair<std::string, std::string>& r, const std::string& rule) {
+    EXPECT_NE(r.second.find(r.first + ": "), std::string::npos) << r.second;
+    EXPECT_NE(r.second.find(rule), std::string::npos) << r.second;
+  };
+  expect(broken("hdr", [](std::string& b) { b[5] = '\x7f'; }), "exceeds the 100000000-byte limit");
+  expect(broken("trunc", [](std::string& b) { b.resize(b.size() - 100); }), "data buffer (file is truncated");
+  expect(broken("dtype", [](std::string& b) { b.replace(b.find("\"F32\""), 5, "\"F64\""); }),
+         "(dtype × shape must equal the byte span)");
+  // The distillation token's bytes declared as the CLS token's: the two overlap.
+  expect(broken("overlap",
+                [&](std::string& b) {
+                  const auto cls = offsets(b, "audio_spectrogram_transformer.embeddings.cls_token");
+                  const auto dist = offsets(b, "audio_spectrogram_transformer.embeddings.distillation_token");
+                  const std::string to = b.substr(cls.first, cls.second - cls.first);
+                  ASSERT_LE(to.size(), dist.second - dist.first);
+                  b.replace(dist.first, to.size(), to);  // spaces keep the header's length: "0,128   ]"
+                  std::fill(b.begin() + static_cast<std::ptrdiff_t>(dist.first + to.size()),
+                            b.begin() + static_cast<std::ptrdiff_t>(dist.second), ' ');
+                }),
+         "overlap tensor \"audio_spectrogram_transformer.embeddings.cls_token\"");
+  Scratch s("gpt2", "shard");  // an index naming a shard that is gone
+  fs::remove(s.path("model-00002-of-00003.safetensors"));
+  EXPECT_NE(s.errors().find("names shard model-00002-of-00003.safetensors, which is not in the folder"),
+            std::string::npos);
 }
 
 TEST(HfBadInput, PickleWeightsAreRefusedWithTheConversion) {

@@ -546,38 +546,37 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       m.head.pool = PoolKind::cls;
       m.head.pooler = pooler;
       if (c.has("modules.json")) {
-        {  // modules.json is a list of sentence-transformers modules
-          std::ifstream in(c.at("modules.json"));
-          json list = json::parse(in, nullptr, false);
-          bool pooling = false;
-          for (const json& mod : list.is_array() ? list : json::array()) {
-            const std::string t = mod.value("type", "");
-            const std::string path = mod.value("path", "");
-            if (ends_with(t, "models.Normalize")) m.head.normalize = true;
-            if (ends_with(t, "models.Pooling")) {
-              json pc;
-              std::ifstream pin(c.at(path + "/config.json"));
-              pc = json::parse(pin, nullptr, false);
-              if (!pc.is_object()) {
-                c.err(c.at(path + "/config.json") + ": missing or not valid JSON (sentence-transformers' pooling)");
-                continue;
-              }
-              pooling = true;
-              m.head.pooler = false;
-              if (pc.value("pooling_mode_mean_tokens", false)) m.head.pool = PoolKind::mean;
-              else if (pc.value("pooling_mode_cls_token", false)) m.head.pool = PoolKind::cls;
-              else if (pc.value("pooling_mode_lasttoken", false)) m.head.pool = PoolKind::last;
-              else
-                c.err(c.at(path + "/config.json") + ": only mean, cls and lasttoken pooling are implemented");
-              if (pc.value("pooling_mode_max_tokens", false) || pc.value("pooling_mode_mean_sqrt_len_tokens", false) ||
-                  pc.value("pooling_mode_weightedmean_tokens", false))
-                c.err(c.at(path + "/config.json") + ": max, sqrt-length and weighted-mean pooling are not implemented");
+        // modules.json is a list of sentence-transformers modules.
+        std::ifstream in(c.at("modules.json"));
+        json list = json::parse(in, nullptr, false);
+        bool pooling = false;
+        for (const json& mod : list.is_array() ? list : json::array()) {
+          const std::string t = mod.value("type", "");
+          const std::string path = mod.value("path", "");
+          if (ends_with(t, "models.Normalize")) m.head.normalize = true;
+          if (ends_with(t, "models.Pooling")) {
+            json pc;
+            std::ifstream pin(c.at(path + "/config.json"));
+            pc = json::parse(pin, nullptr, false);
+            if (!pc.is_object()) {
+              c.err(c.at(path + "/config.json") + ": missing or not valid JSON (sentence-transformers' pooling)");
+              continue;
             }
+            pooling = true;
+            m.head.pooler = false;
+            if (pc.value("pooling_mode_mean_tokens", false)) m.head.pool = PoolKind::mean;
+            else if (pc.value("pooling_mode_cls_token", false)) m.head.pool = PoolKind::cls;
+            else if (pc.value("pooling_mode_lasttoken", false)) m.head.pool = PoolKind::last;
+            else
+              c.err(c.at(path + "/config.json") + ": only mean, cls and lasttoken pooling are implemented");
+            if (pc.value("pooling_mode_max_tokens", false) || pc.value("pooling_mode_mean_sqrt_len_tokens", false) ||
+                pc.value("pooling_mode_weightedmean_tokens", false))
+              c.err(c.at(path + "/config.json") + ": max, sqrt-length and weighted-mean pooling are not implemented");
           }
-          if (pooling) out.notes.push_back("pooling from sentence-transformers' modules.json: " +
-                                           std::string(pool_kind_name(m.head.pool)) +
-                                           (m.head.normalize ? ", L2-normalised" : ""));
         }
+        if (pooling) out.notes.push_back("pooling from sentence-transformers' modules.json: " +
+                                         std::string(pool_kind_name(m.head.pool)) +
+                                         (m.head.normalize ? ", L2-normalised" : ""));
       }
       if (!m.head.pooler && pooler) {
         ignorable.insert(p + "pooler.dense.weight");
