@@ -143,6 +143,43 @@ Status check_merge_heads(const char* op, const Tensor& x, const Tensor& y) {
   return Status::Ok();
 }
 
+Status check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                       bool causal, const int32_t* key_lo, const int32_t* key_hi) {
+  const std::pair<const char*, const Tensor*> all[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}};
+  for (const auto& [name, t] : all) {
+    TSR_RETURN_IF_ERROR(need_defined(op, name, *t));
+    if (t->dtype() != DType::f32)
+      return Status::Invalid(std::string(op) + ": " + name + " must be f32, got " + t->describe());
+    if (t->rank() != 4)
+      return Status::Invalid(std::string(op) + ": " + name + " must be (B, H, rows, d), got " + t->describe());
+    // sgemm reads rows: unit stride along d, rows that do not overlap.
+    if ((t->dim(3) > 1 && t->stride(3) != 1) || (t->dim(2) > 1 && t->stride(2) < t->dim(3)))
+      return Status::Invalid(std::string(op) + ": " + name + " " + t->describe() +
+                             " needs unit stride along its last axis and rows that do not overlap");
+  }
+  const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), S = k.dim(2);
+  auto shape = [](std::initializer_list<int64_t> d) {
+    std::string s = "(";
+    for (int64_t x : d) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
+    return s + ")";
+  };
+  if (k.dim(0) != B || k.dim(1) != H || k.dim(3) != q.dim(3))
+    return Status::Invalid(std::string(op) + ": k " + k.describe() + " should be " +
+                           shape({B, H, S, q.dim(3)}) + " for q " + q.describe());
+  if (v.dim(0) != B || v.dim(1) != H || v.dim(2) != S)
+    return Status::Invalid(std::string(op) + ": v " + v.describe() + " should be " +
+                           shape({B, H, S, v.dim(3)}) + " for k " + k.describe());
+  if (out.dim(0) != B || out.dim(1) != H || out.dim(2) != T || out.dim(3) != v.dim(3))
+    return Status::Invalid(std::string(op) + ": out " + out.describe() + " should be " +
+                           shape({B, H, T, v.dim(3)}));
+  if (causal && S < T)
+    return Status::Invalid(std::string(op) + ": causal attention needs at least as many keys as queries, got " +
+                           std::to_string(S) + " keys for " + std::to_string(T) + " queries");
+  if ((key_lo == nullptr) != (key_hi == nullptr))
+    return Status::Invalid(std::string(op) + ": key ranges need both key_lo and key_hi, or neither");
+  return Status::Ok();
+}
+
 Status bad_id(const char* op, int64_t position, int64_t id, int64_t vocab) {
   return Status::OutOfRange(std::string(op) + ": token id " + std::to_string(id) + " at position " +
                             std::to_string(position) + " is outside the vocabulary [0, " +

@@ -18,6 +18,8 @@ Status check_embedding(const char* op, const Tensor& table, const Tensor& ids, c
 Status check_add_shapes(const char* op, const Tensor& a, const Tensor& b, const Tensor& y);
 Status check_split_heads(const char* op, const Tensor& x, int64_t n_heads, const Tensor& y);
 Status check_merge_heads(const char* op, const Tensor& x, const Tensor& y);
+Status check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                       bool causal, const int32_t* key_lo, const int32_t* key_hi);
 Status bad_id(const char* op, int64_t position, int64_t id, int64_t vocab);
 
 }  // namespace tessera::detail

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "bench_attention.h"
 #include "bench_plugins.h"
 #include "commands.h"
 #include "common.h"
@@ -32,6 +33,7 @@ struct BenchArgs {
   uint64_t seed = 0;
   bool plugins = false;
   PluginBenchArgs plugin_args;  // --input, --only, --data
+  AttentionBenchArgs attention;  // --attention N and its options
 };
 
 // This machine's f32 matmul rate now: a 2048³ oneDNN matmul, median of 5 after one warm-up.
@@ -93,6 +95,14 @@ int run_bench(const BenchArgs& a) {
     if (a.reps > 0) p.reps = a.reps;
     if (a.warmup >= 0) p.warmup = a.warmup;
     return run_plugin_bench(p);
+  }
+  if (a.attention.n > 0) {
+    AttentionBenchArgs t = a.attention;
+    t.json = a.json;
+    if (a.reps > 0) t.reps = a.reps;
+    if (a.warmup >= 0) t.warmup = a.warmup;
+    if (a.threads >= 0) t.threads = a.threads;
+    return run_attention_bench(t);
   }
   if (a.file.empty()) {
     std::fprintf(stderr,
@@ -253,6 +263,16 @@ void add_bench_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--data", p.data_dir,
                   "--plugins: folder of the default inputs, laid out like the sources' tests/data")
       ->capture_default_str();
+  AttentionBenchArgs& t = args->attention;
+  cmd->add_option("--attention", t.n,
+                  "time one attention op over this many rows instead of a model (default 1 thread; "
+                  "see --head-dim, --heads, --causal, --materialised)")
+      ->excludes(file, batch, seq_len, set, decode);
+  cmd->add_option("--head-dim", t.head_dim, "--attention: d_k = d_v")->capture_default_str();
+  cmd->add_option("--heads", t.heads, "--attention: heads")->capture_default_str();
+  cmd->add_flag("--causal", t.causal, "--attention: causal mask");
+  cmd->add_flag("--materialised", t.materialised,
+                "--attention: store the (N, N) scores (matmul, softmax, matmul) instead of the fused kernel");
   cmd->callback([args, run] { *run = [args] { return run_bench(*args); }; });
 }
 

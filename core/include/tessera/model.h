@@ -92,6 +92,10 @@ class KVCache;  // tessera/generate.h
 struct ForwardOptions {
   bool reference = false;          // plain loops instead of oneDNN
   std::set<std::string> capture;   // intermediate names to keep; "*" keeps all
+  // The heads whose attention scores, mask and weights are kept: blocks.L.attn.{scores,weights}
+  // are (B, capture_heads.size(), T, T), in this order; empty keeps every head. The fast path
+  // never stores a (T, T) matrix for its own use: kept weights are recomputed, these heads only.
+  std::vector<int64_t> capture_heads;
   // Causal models: batch row b continues sequence b of the cache (see generate.h). Its rows take
   // the positions after the cached ones and attend to the cached rows too; their keys and values
   // are appended (padding rows' are not). Needs one sequence per batch row (no segments, no

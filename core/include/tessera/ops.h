@@ -103,6 +103,16 @@ Status add(const Tensor& a, const Tensor& b, Tensor& y);
 // y = act(x), elementwise. In place allowed.
 Status activation(Activation act, const Tensor& x, Tensor& y);
 
+// Scaled dot-product attention as one fused op: out = softmax(scale · q kᵀ, masked) · v for every
+// (batch row, head), computed in tiles with an online softmax, so the (T, S) scores are never
+// stored: extra memory is a few tiles per thread, flat in T and S.
+//   q (B, H, T, dk), k (B, H, S, dk), v (B, H, S, dv), out (B, H, T, dv): f32, unit stride along
+//   the last axis, any other strides (head views of a fused QKV buffer need no copy).
+// Query row i of batch row b uses keys j with key_lo[b·T + i] <= j < key_hi[b·T + i] (both null:
+// every key) and, when causal, j <= i + (S - T). A row left with no key gives zeros, never NaN.
+Status attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, float scale,
+                 bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
+
 // (B, T, H·D) -> (B, H, T, D) and back.
 Status split_heads(const Tensor& x, int64_t n_heads, Tensor& y);
 Status merge_heads(const Tensor& x, Tensor& y);
@@ -122,6 +132,8 @@ Status add(const Tensor& a, const Tensor& b, Tensor& y);
 Status activation(Activation act, const Tensor& x, Tensor& y);
 Status split_heads(const Tensor& x, int64_t n_heads, Tensor& y);
 Status merge_heads(const Tensor& x, Tensor& y);
+Status attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, float scale,
+                 bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
 float activate(Activation act, float x);  // one value
 }  // namespace ref
 

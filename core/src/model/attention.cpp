@@ -1,7 +1,10 @@
 // Multi-head scaled dot-product attention: the only layer that mixes information across rows.
 // Q, K and V come from one fused matmul; heads are strided views of that buffer, so splitting
-// and merging heads costs no copy. Scores are materialised (B, H, T, T) — the fused, tiled
-// kernel that never stores them belongs to the speed issue; this one is the readable baseline.
+// and merging heads costs no copy. The fast path runs ops::attention, the fused tiled kernel that
+// never stores the (T, T) scores; attention weights a caller asks for are recomputed, for the
+// chosen heads only. The materialised path — scores, mask, softmax, weighted sum, each step a
+// tensor — is the reference, and serves what the fused kernel does not take (relative positions,
+// a layout whose usable keys are not one run of rows).
 #include <cmath>
 #include <algorithm>
 #include <limits>
@@ -134,6 +137,130 @@ Status project_out(const AttentionLayer& L, const Exec& ex, const Tensor& concat
   return Status::Ok();
 }
 
+// The usable keys of every row as one run [lo, hi) of key rows (before the causal limit): a
+// sequence's rows read their own sequence; a padding row reads every real row. False when some
+// row's keys are not one run (a sequence's rows not contiguous, or padding between real rows).
+bool key_ranges(const RowLayout& rows, std::vector<int32_t>* lo, std::vector<int32_t>* hi) {
+  const int64_t B = rows.B, T = rows.T;
+  lo->assign(static_cast<size_t>(B * T), 0);
+  hi->assign(static_cast<size_t>(B * T), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* seg = rows.seg.data() + b * T;
+    int64_t first_real = -1, last_real = -1;
+    for (int64_t t = 0; t < T; ++t)
+      if (seg[t] >= 0) {
+        if (first_real < 0) first_real = t;
+        last_real = t;
+      }
+    for (int64_t t = 0; t < T;) {  // runs of one segment id
+      int64_t e = t + 1;
+      while (e < T && seg[e] == seg[t]) ++e;
+      if (seg[t] >= 0)
+        for (int64_t u = e; u < T; ++u)
+          if (seg[u] == seg[t]) return false;  // the sequence continues after a gap
+      for (int64_t u = t; u < e; ++u) {
+        const size_t at = static_cast<size_t>(b * T + u);
+        (*lo)[at] = static_cast<int32_t>(seg[t] >= 0 ? t : std::max<int64_t>(first_real, 0));
+        (*hi)[at] = static_cast<int32_t>(seg[t] >= 0 ? e : last_real + 1);
+      }
+      if (seg[t] < 0 && first_real >= 0 && t > first_real && t < last_real) return false;  // padding inside
+      t = e;
+    }
+  }
+  return true;
+}
+
+// The heads whose scores and weights a caller keeps (Capture::heads), in order.
+std::vector<int64_t> kept_heads(const Capture& cap, int64_t H) {
+  std::vector<int64_t> hs;
+  for (int64_t h : cap.heads())
+    if (h >= 0 && h < H) hs.push_back(h);
+  if (cap.heads().empty())
+    for (int64_t h = 0; h < H; ++h) hs.push_back(h);
+  return hs;
+}
+
+// x (B, H, ...) -> (B, heads.size(), ...), a copy of the chosen heads.
+Tensor pick_heads(const Tensor& x, const std::vector<int64_t>& heads) {
+  if (static_cast<int64_t>(heads.size()) == x.dim(1)) {
+    bool identity = true;
+    for (size_t i = 0; i < heads.size(); ++i) identity = identity && heads[i] == static_cast<int64_t>(i);
+    if (identity) return x;
+  }
+  Shape shape = x.shape();
+  shape[1] = static_cast<int64_t>(heads.size());
+  Tensor y = Tensor::empty(shape, x.dtype());
+  for (size_t i = 0; i < heads.size(); ++i) {
+    Tensor dst = y.select(1, static_cast<int64_t>(i));
+    dst.copy_from(x.select(1, heads[i]));
+  }
+  return y;
+}
+
+// Steps 2–4 for the heads q and k hold: S = scale · Q Kᵀ (+ relative keys), masked, softmax.
+// Captures the scores, the mask and the weights of the heads `keep` (indices into q's heads);
+// returns the weights (B, h, T, T) of all of q's heads.
+Result<Tensor> attention_weights(const AttentionLayer& L, const Exec& ex, const Tensor& q, const Tensor& k,
+                                 const RowLayout& rows, const Capture& cap, const std::string& p,
+                                 const std::vector<int64_t>& keep) {
+  const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), dk = L.d_k;
+  // 2. Score every pair: S (B, h, T, T) = scale · Q Kᵀ.
+  Tensor scores = Tensor::empty({B, H, T, T});
+  TSR_RETURN_IF_ERROR(ex.matmul(q, k.transpose(2, 3), scores, L.scale));
+  float* s = scores.data<float>();
+
+  // Relative keys (Shaw et al.): S_ij += scale · q_i · a^K_{clip(j - i)}.
+  const bool relative = L.positions.kind == PositionKind::relative;
+  const int64_t kmax = L.positions.max_distance, R = 2 * kmax + 1;
+  if (relative) {
+    const float* a = L.rel_k.data<float>();  // (2k+1, dk), f32 contiguous since build
+    const float* qp = q.data<float>();
+    const int64_t qb = q.stride(0), qh = q.stride(1), qt = q.stride(2);
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * R * dk > 32768)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<float> qa(static_cast<size_t>(R));
+        for (int64_t i = 0; i < T; ++i) {
+          const float* qi = qp + b * qb + h * qh + i * qt;
+          for (int64_t r = 0; r < R; ++r) {
+            float acc = 0.f;
+            for (int64_t d = 0; d < dk; ++d) acc += qi[d] * a[r * dk + d];
+            qa[r] = L.scale * acc;
+          }
+          float* srow = s + ((b * H + h) * T + i) * T;
+          for (int64_t j = 0; j < T; ++j) srow[j] += qa[relative_index(rows.position(b, i), rows.position(b, j), kmax)];
+        }
+      }
+  }
+  if (cap.wants(p + ".scores")) cap.put(p + ".scores", pick_heads(scores, keep));
+
+  // 3. Mask: -inf on every column a row may not use (future columns, padding); softmax turns
+  //    them into exact zeros. A row with no allowed column becomes all zeros, not NaN.
+  if (cap.wants(p + ".mask")) {
+    Tensor mask = Tensor::empty({B, T, T});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < T; ++j)
+          mask.data<float>()[(b * T + i) * T + j] = rows.allowed(b, i, j, L.causal) ? 0.f : kNegInf;
+    cap.put(p + ".mask", mask);
+  }
+  if (L.causal || !rows.plain) {
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * T > 32768)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          float* srow = s + ((b * H + h) * T + i) * T;
+          for (int64_t j = 0; j < T; ++j)
+            if (!rows.allowed(b, i, j, L.causal)) srow[j] = kNegInf;
+        }
+  }
+
+  // 4. Weights: A = softmax over each row.
+  TSR_RETURN_IF_ERROR(ex.softmax(scores, scores));
+  if (cap.wants(p + ".weights")) cap.put(p + ".weights", pick_heads(scores, keep));
+  return scores;
+}
+
 }  // namespace
 
 Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& x, const RowLayout& rows,
@@ -168,82 +295,49 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
     }
   }
 
-  // 2. Score every pair: S (B, H, T, T) = scale · Q Kᵀ.
-  Tensor scores = Tensor::empty({B, H, T, T});
-  TSR_RETURN_IF_ERROR(ex.matmul(q, k.transpose(2, 3), scores, L.scale));
-  float* s = scores.data<float>();
-
-  // Relative keys (Shaw et al.): S_ij += scale · q_i · a^K_{clip(j - i)}.
-  const bool relative = L.positions.kind == PositionKind::relative;
-  const int64_t kmax = L.positions.max_distance, R = 2 * kmax + 1;
-  if (relative) {
-    const float* a = L.rel_k.data<float>();  // (2k+1, dk), f32 contiguous since build
-    const float* qp = q.data<float>();
-    const int64_t qb = q.stride(0), qh = q.stride(1), qt = q.stride(2);
-#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * R * dk > 32768)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        std::vector<float> qa(static_cast<size_t>(R));
-        for (int64_t i = 0; i < T; ++i) {
-          const float* qi = qp + b * qb + h * qh + i * qt;
-          for (int64_t r = 0; r < R; ++r) {
-            float acc = 0.f;
-            for (int64_t d = 0; d < dk; ++d) acc += qi[d] * a[r * dk + d];
-            qa[r] = L.scale * acc;
-          }
-          float* srow = s + ((b * H + h) * T + i) * T;
-          for (int64_t j = 0; j < T; ++j) srow[j] += qa[relative_index(rows.position(b, i), rows.position(b, j), kmax)];
-        }
-      }
-  }
-  cap.put(p + ".scores", scores);
-
-  // 3. Mask: -inf on every column a row may not use (future columns, padding); softmax turns
-  //    them into exact zeros. A row with no allowed column becomes all zeros, not NaN.
-  if (cap.wants(p + ".mask")) {
-    Tensor mask = Tensor::empty({B, T, T});
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < T; ++i)
-        for (int64_t j = 0; j < T; ++j)
-          mask.data<float>()[(b * T + i) * T + j] = rows.allowed(b, i, j, L.causal) ? 0.f : kNegInf;
-    cap.put(p + ".mask", mask);
-  }
-  if (L.causal || !rows.plain) {
-#pragma omp parallel for collapse(2) schedule(static) if (B * H * T * T > 32768)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < T; ++i) {
-          float* srow = s + ((b * H + h) * T + i) * T;
-          for (int64_t j = 0; j < T; ++j)
-            if (!rows.allowed(b, i, j, L.causal)) srow[j] = kNegInf;
-        }
-  }
-
-  // 4. Weights: A = softmax over each row.
-  TSR_RETURN_IF_ERROR(ex.softmax(scores, scores));
-  cap.put(p + ".weights", scores);
-
-  // 5. Weighted sum of values, written straight into the concatenation: O_h = A_h V_h.
+  // 5. The weighted sum of values, written straight into the concatenation: O_h = A_h V_h.
   Tensor concat = Tensor::empty({B, T, H * dv});
   Tensor heads = concat.unflatten(2, H, dv).transpose(1, 2);  // (B, H, T, dv) view
-  TSR_RETURN_IF_ERROR(ex.matmul(scores, v, heads));
-  if (relative) {  // O_i += Σ_j A_ij a^V_{clip(j - i)}
-    const float* a = L.rel_v.data<float>();  // (2k+1, dv)
-    float* hp = heads.data<float>();
-    const int64_t hb = heads.stride(0), hh = heads.stride(1), ht = heads.stride(2);
+  const bool relative = L.positions.kind == PositionKind::relative;
+  const bool wants_weights = cap.wants(p + ".scores") || cap.wants(p + ".mask") || cap.wants(p + ".weights");
+  std::vector<int32_t> lo, hi;
+  if (!ex.reference && !relative && (rows.plain || key_ranges(rows, &lo, &hi))) {
+    // Fused: no (T, T) tensor; weights, if asked for, recomputed for the kept heads only.
+    TSR_RETURN_IF_ERROR(ops::attention(q, k, v, heads, L.scale, L.causal, lo.empty() ? nullptr : lo.data(),
+                                       hi.empty() ? nullptr : hi.data()));
+    if (wants_weights) {
+      const std::vector<int64_t> hs = kept_heads(cap, H);
+      std::vector<int64_t> all(hs.size());
+      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+      const Result<Tensor> w = attention_weights(L, ex, pick_heads(q, hs), pick_heads(k, hs), rows, cap, p, all);
+      if (!w.ok()) return w.status();
+    }
+  } else {
+    // Materialised: every head's weights, of which the caller keeps the heads it chose.
+    Result<Tensor> w = attention_weights(L, ex, q, k, rows, cap, p, kept_heads(cap, H));
+    if (!w.ok()) return w.status();
+    const Tensor& scores = *w;
+    TSR_RETURN_IF_ERROR(ex.matmul(scores, v, heads));
+    if (relative) {  // O_i += Σ_j A_ij a^V_{clip(j - i)}
+      const int64_t kmax = L.positions.max_distance, R = 2 * kmax + 1;
+      const float* a = L.rel_v.data<float>();  // (2k+1, dv)
+      const float* s = scores.data<float>();
+      float* hp = heads.data<float>();
+      const int64_t hb = heads.stride(0), hh = heads.stride(1), ht = heads.stride(2);
 #pragma omp parallel for collapse(2) schedule(static) if (B * H * T * R * dv > 32768)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        std::vector<float> wr(static_cast<size_t>(R));
-        for (int64_t i = 0; i < T; ++i) {
-          std::fill(wr.begin(), wr.end(), 0.f);
-          const float* arow = s + ((b * H + h) * T + i) * T;
-          for (int64_t j = 0; j < T; ++j) wr[relative_index(rows.position(b, i), rows.position(b, j), kmax)] += arow[j];
-          float* oi = hp + b * hb + h * hh + i * ht;
-          for (int64_t r = 0; r < R; ++r)
-            for (int64_t d = 0; d < dv; ++d) oi[d] += wr[r] * a[r * dv + d];
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          std::vector<float> wr(static_cast<size_t>(R));
+          for (int64_t i = 0; i < T; ++i) {
+            std::fill(wr.begin(), wr.end(), 0.f);
+            const float* arow = s + ((b * H + h) * T + i) * T;
+            for (int64_t j = 0; j < T; ++j) wr[relative_index(rows.position(b, i), rows.position(b, j), kmax)] += arow[j];
+            float* oi = hp + b * hb + h * hh + i * ht;
+            for (int64_t r = 0; r < R; ++r)
+              for (int64_t d = 0; d < dv; ++d) oi[d] += wr[r] * a[r * dv + d];
+          }
         }
-      }
+    }
   }
   cap.put(p + ".heads", heads);
   cap.put(p + ".concat", concat);

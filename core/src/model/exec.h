@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tessera/ops.h"
 
@@ -42,8 +43,10 @@ struct Exec {
 
 class Capture {
  public:
-  Capture(const std::set<std::string>& names, std::map<std::string, Tensor>* out)
-      : names_(names), out_(out) {}
+  // heads: the heads whose attention scores, mask and weights are kept (null or empty: all).
+  Capture(const std::set<std::string>& names, std::map<std::string, Tensor>* out,
+          const std::vector<int64_t>* heads = nullptr)
+      : names_(names), out_(out), heads_(heads) {}
   bool wants(const std::string& name) const {
     return out_ && !names_.empty() && (names_.count("*") || names_.count(name));
   }
@@ -51,10 +54,15 @@ class Capture {
   void put(const std::string& name, const Tensor& t) const {
     if (wants(name)) (*out_)[name] = t.clone();
   }
+  const std::vector<int64_t>& heads() const {
+    static const std::vector<int64_t> kAll;
+    return heads_ ? *heads_ : kAll;
+  }
 
  private:
   const std::set<std::string>& names_;
   std::map<std::string, Tensor>* out_;
+  const std::vector<int64_t>* heads_;
 };
 
 }  // namespace tessera::model

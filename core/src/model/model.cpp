@@ -374,7 +374,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   const Layers& L = *layers_;
   TSR_RETURN_IF_ERROR(check_batch(c, batch));
   const model::Exec ex{opt.reference};
-  const model::Capture cap(opt.capture, &out->captured);
+  const model::Capture cap(opt.capture, &out->captured, &opt.capture_heads);
   out->captured.clear();
 
   // Rows: with a CLS stem and no roles, one CLS row is prepended to every batch row.

@@ -1,6 +1,7 @@
 // Reference loops for every op in ops.h: the definitions the fast path is tested against.
 // Written for clarity, not speed: f32 (double where a sum is long) accumulation, any strides,
 // element access through Tensor::at-like index arithmetic. Not used on hot paths.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -181,6 +182,44 @@ Status merge_heads(const Tensor& x, Tensor& y) {
         for (int64_t d = 0; d < D; ++d)
           y.select(0, b).select(0, t).select(0, h * D + d).copy_from(
               x.select(0, b).select(0, h).select(0, t).select(0, d));
+  return Status::Ok();
+}
+
+// Row by row: every score, its softmax over the usable keys, the weighted sum of values.
+Status attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, float scale, bool causal,
+                 const int32_t* key_lo, const int32_t* key_hi) {
+  TSR_RETURN_IF_ERROR(detail::check_attention("ref::attention", q, k, v, out, causal, key_lo, key_hi));
+  const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), dk = q.dim(3), S = k.dim(2), dv = v.dim(3);
+  std::vector<double> w(static_cast<size_t>(S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        int64_t lo = 0, hi = S;
+        if (key_lo) {
+          lo = std::max<int64_t>(0, key_lo[b * T + i]);
+          hi = std::min<int64_t>(S, key_hi[b * T + i]);
+        }
+        if (causal) hi = std::min(hi, i + (S - T) + 1);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = lo; j < hi; ++j) {
+          double acc = 0.0;
+          for (int64_t d = 0; d < dk; ++d)
+            acc += static_cast<double>(q.data<float>()[b * q.stride(0) + h * q.stride(1) + i * q.stride(2) + d * q.stride(3)]) *
+                   k.data<float>()[b * k.stride(0) + h * k.stride(1) + j * k.stride(2) + d * k.stride(3)];
+          w[static_cast<size_t>(j)] = scale * acc;
+          mx = std::max(mx, w[static_cast<size_t>(j)]);
+        }
+        double sum = 0.0;
+        for (int64_t j = lo; j < hi; ++j) sum += (w[static_cast<size_t>(j)] = std::exp(w[static_cast<size_t>(j)] - mx));
+        float* o = out.data<float>() + b * out.stride(0) + h * out.stride(1) + i * out.stride(2);
+        for (int64_t d = 0; d < dv; ++d) {
+          double acc = 0.0;
+          for (int64_t j = lo; j < hi; ++j)
+            acc += w[static_cast<size_t>(j)] *
+                   v.data<float>()[b * v.stride(0) + h * v.stride(1) + j * v.stride(2) + d * v.stride(3)];
+          o[d * out.stride(3)] = hi > lo ? static_cast<float>(acc / sum) : 0.f;
+        }
+      }
   return Status::Ok();
 }
 

@@ -675,10 +675,12 @@ Status Runner::write_attention(const Sequence& s, int64_t b, int64_t start, cons
     for (int64_t h = 0; h < exp_.model.n_heads; ++h) heads.push_back(h);
   const std::string base = (dir_ / "attention" / safe_name(s.id)).string();
   for (int64_t layer : exp_.task.attention.layers) {
-    const Tensor w = out.captured.at("blocks." + std::to_string(layer) + ".attn.weights");  // (B, H, T, T)
+    // (B, heads, T, T): the forward kept the chosen heads only, in this order (capture_heads).
+    const Tensor w = out.captured.at("blocks." + std::to_string(layer) + ".attn.weights");
     Tensor maps = Tensor::empty({static_cast<int64_t>(heads.size()), n, n});
     for (size_t i = 0; i < heads.size(); ++i)
-      maps.select(0, static_cast<int64_t>(i)).copy_from(w.select(0, b).select(0, heads[i]).slice(0, start, start + n).slice(1, start, start + n));
+      maps.select(0, static_cast<int64_t>(i))
+          .copy_from(w.select(0, b).select(0, static_cast<int64_t>(i)).slice(0, start, start + n).slice(1, start, start + n));
     const std::string stem = base + ".layer" + std::to_string(layer);
     TSR_RETURN_IF_ERROR(npy::save(stem + ".npy", maps));
     if (!exp_.task.attention.png) continue;
@@ -772,6 +774,7 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
     ForwardOptions fo;
     fo.reference = exp_.runtime.reference;
     for (int64_t l : exp_.task.attention.layers) fo.capture.insert("blocks." + std::to_string(l) + ".attn.weights");
+    fo.capture_heads = exp_.task.attention.heads;  // empty: every head
     Outputs out;
     TSR_RETURN_IF_ERROR(model_->forward(batch, fo, &out).with_prefix("batch " + std::to_string(k)));
     const int64_t C = out.hidden.dim(2);
