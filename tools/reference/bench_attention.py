@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 TORCH_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import torch
 n, d, reps, warmup, threads, causal = (int(a) for a in sys.argv[1:7])
 torch.set_num_threads(threads)
@@ -29,7 +29,12 @@ g = torch.Generator().manual_seed(1)
 q, k, v = (torch.rand(1, 1, n, d, generator=g) * 2 - 1 for _ in range(3))
 scale = d ** -0.5
 mask = torch.full((n, n), float("-inf")).triu(1) if causal else None
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key))
+with open("/proc/self/clear_refs", "w") as f:  # peak RSS := current RSS (Linux >= 4.0)
+    f.write("5")
+before = status("VmRSS:")
 times = []
 with torch.inference_mode():
     for i in range(warmup + reps):
@@ -41,7 +46,7 @@ with torch.inference_mode():
         del s
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+after = status("VmHWM:")
 print(json.dumps({"times_s": times, "extra_bytes": max(0, after - before), "mask_bytes": 0 if mask is None else n * n * 4}))
 """
 

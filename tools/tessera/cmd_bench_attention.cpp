@@ -2,14 +2,16 @@
 // (ops::attention: tiles and an online softmax) or materialised (ops::matmul for the scores, the
 // softmax primitive, ops::matmul for the weighted sum: the (N, N) matrix stored, as eager
 // frameworks do), and measures the extra memory it needs: the process's peak resident size after
-// the runs minus the peak before the first run, with the inputs and output already allocated and
-// touched. Run one N per process: the peak only grows.
-#include <sys/resource.h>
+// the runs minus the resident size before the first run, with the inputs and output already
+// allocated and touched (Linux: the peak is reset through /proc/self/clear_refs first, so what
+// the process needed while starting does not hide a smaller op's growth).
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -23,10 +25,25 @@ namespace tessera::cli {
 
 namespace {
 
-int64_t peak_rss_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+// A "VmRSS:" or "VmHWM:" line of /proc/self/status, in bytes; -1 where there is none.
+int64_t proc_status_bytes(const char* key) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  int64_t kb = -1;
+  const size_t n = std::strlen(key);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, key, n) == 0) kb = std::strtoll(line + n, nullptr, 10);
+  std::fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+// Resets the peak resident size to the current one (Linux >= 4.0); false where it cannot.
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
 }
 
 }  // namespace
@@ -43,7 +60,8 @@ int run_attention_bench(const AttentionBenchArgs& a) {
   Rng rng(1);
   for (Tensor* t : {&q, &k, &v}) fill_uniform(*t, rng, -1, 1);
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  const int64_t before = peak_rss_bytes();
+  if (!reset_peak_rss()) std::fprintf(stderr, "tessera bench --attention: cannot reset the peak RSS; extra memory is an upper bound\n");
+  const int64_t before = proc_status_bytes("VmRSS:");
 
   auto once = [&]() -> Status {
     if (!a.materialised) return ops::attention(q, k, v, out, scale, a.causal);
@@ -67,7 +85,7 @@ int run_attention_bench(const AttentionBenchArgs& a) {
     }
     if (i >= a.warmup) times.push_back(seconds_since(t0));
   }
-  const int64_t extra = std::max<int64_t>(0, peak_rss_bytes() - before);
+  const int64_t extra = std::max<int64_t>(0, proc_status_bytes("VmHWM:") - before);
   const double med = median(times);
   // Multiply-adds of Q Kᵀ and of A V, counted as 2 each; a causal kernel skips about half.
   const double flops = 4.0 * static_cast<double>(H) * static_cast<double>(n) * static_cast<double>(n) *

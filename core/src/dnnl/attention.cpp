@@ -11,6 +11,7 @@
 // std::exp elsewhere. Not here: the reference loop (ref/ops_ref.cpp), masks made from a batch's
 // layout (model/attention.cpp), and attention weights for export (recomputed by the model).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -217,13 +218,19 @@ Status attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
   const bool parallel = threads > 1 && work > 1 && B * H * T * S * (dk + dv) > (int64_t{1} << 18);
   auto shapes = [&] { return onednn::describe({&q, &k, &v, &out}); };
   return onednn::guarded(op, shapes, [&]() -> Status {
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+#pragma omp parallel if (parallel)
+    {
+      // Each tile's sgemm runs on the thread that owns the tile: oneDNN asks OpenMP how many
+      // threads it may use, and inside our team it must hear 1.
+      omp_set_num_threads(1);
+#pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < work; ++w) {
       const int64_t blk = w % blocks, h = (w / blocks) % H, b = w / (blocks * H);
       const int64_t i0 = blk * kRows, i1 = std::min(T, i0 + kRows);
       attend_block(qp + b * q.stride(0) + h * q.stride(1), ldq, kp + b * k.stride(0) + h * k.stride(1), ldk,
                    vp + b * v.stride(0) + h * v.stride(1), ldv, op_ + b * out.stride(0) + h * out.stride(1), ldo,
                    dk, dv, S, scale, kr, b, i0, i1, avx2);
+    }
     }
     return Status::Ok();
   });
