@@ -33,7 +33,8 @@
 //   head.lm (C, V), head.lm_bias (V)                            lm, untied
 // Intermediates (ForwardOptions::capture): stem.out (B,T,C) after positions; blocks.L.in;
 // blocks.L.attn.in (the rows the attention reads: LN(X) in pre-LN); blocks.L.attn.q/k (B,H,T,dk)
-// (after rotary), v (B,H,T,dv); scores (B,H,T,T) scaled, before the mask; mask (B,T,T) 0 or -inf;
+// (after rotary), v (B,H,T,dv); scores (B,H,T,T) scaled, before the mask (H: the capture_heads
+// when given); mask (B,T,T) 0 or -inf;
 // weights (B,H,T,T); heads (B,H,T,dv); concat (B,T,H·dv); out (B,T,C) after W_O; residual
 // (X + U); blocks.L.ln1, blocks.L.ffn.hidden (B,T,F), blocks.L.ffn.out, blocks.L.out;
 // final_norm.out; head.pooled, head.logits, head.probs.
