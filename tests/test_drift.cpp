@@ -11,6 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tessera/npy.h"
+#include "tessera/random.h"
+
 namespace {
 
 const std::string kTessera = std::string(TESSERA_BINARY_DIR) + "/tessera";
@@ -185,6 +188,24 @@ TEST(Drift, TakesGivenIds) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_TRUE(has(r.out, "input batch 1 x 4 rows (--ids)")) << r.out;
   EXPECT_TRUE(has(r.out, "blocks.2.out (1, 4, 32)")) << r.out;
+}
+
+// ... and feature rows from a .npy file, (B, T, F).
+TEST(Drift, TakesGivenRows) {
+  const std::string rows = temp("rows.npy");
+  tessera::Tensor t = tessera::Tensor::empty({2, 16, 192});  // the ViT fixture: 8 x 8 patches of 3 channels
+  tessera::Rng rng(5);
+  tessera::fill_normal(t, rng, 0.0, 1.0);
+  ASSERT_TRUE(tessera::npy::save(rows, t).ok());
+  const Ran r = run_cli("drift " + hf_yaml("vit") + " --rows " + rows);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "input batch 2 x 16 rows (" + rows + ")")) << r.out;
+  EXPECT_TRUE(has(r.out, "stem.out (2, 17, 32)")) << r.out;  // the CLS row on top
+  const std::string narrow = temp("narrow.npy");
+  ASSERT_TRUE(tessera::npy::save(narrow, tessera::Tensor::zeros({2, 16, 191})).ok());
+  const Ran bad = run_cli("drift " + hf_yaml("vit") + " --rows " + narrow);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(has(bad.err, "rows are 191 wide but the model reads 192")) << bad.err;
 }
 
 TEST(Drift, BadInputNamesTheProblem) {
