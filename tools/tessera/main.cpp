@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   add_explain_command(app, &run);
   add_forward_command(app, &run);
   add_bench_command(app, &run);
+  add_drift_command(app, &run);
   add_export_command(app, &run);
   add_plugins_command(app, &run);
   add_tokenize_command(app, &run);

@@ -10,6 +10,7 @@ add_executable(tessera_cli
   ${CMAKE_CURRENT_LIST_DIR}/cmd_export.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_run.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_search.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cmd_drift.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_generate.cpp)
 set_target_properties(tessera_cli PROPERTIES OUTPUT_NAME tessera RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
 target_compile_definitions(tessera_cli PRIVATE TESSERA_VERSION="${PROJECT_VERSION}" TESSERA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
