@@ -6,6 +6,7 @@
 //   build/bench_linear --threads 2                  # GPT-2-small shapes, M = 1
 //   build/bench_linear --threads 2 --rows 1,2,4,8,12,16,24,32 --shapes 768x3072,3072x768
 //   build/bench_linear --threads 2 --widen          # prefill (M = 128): packed f32 vs widening bf16
+//   build/bench_linear --threads 1 --hot            # one copy, cache-resident where it fits: compute rate
 #include <omp.h>
 
 #include <algorithm>
@@ -62,7 +63,7 @@ double time_per_call(int copies, int reps, Call&& call) {
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 15;
-  bool widen = false;
+  bool widen = false, hot = false;
   std::vector<int64_t> rows = {1};
   std::vector<std::pair<int64_t, int64_t>> shapes = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 50257}};
   for (int i = 1; i < argc; ++i) {
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::atoi(next().c_str());
     else if (a == "--rows") rows = parse_list(next());
     else if (a == "--widen") widen = true;
+    else if (a == "--hot") hot = true;  // one copy: weights from the cache where they fit
     else if (a == "--shapes") {
       shapes.clear();
       const std::string s = next();
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_linear [--threads N] [--reps N] [--rows 1,2,..] [--shapes KxN,..] [--widen]\n");
+      std::fprintf(stderr, "usage: bench_linear [--threads N] [--reps N] [--rows 1,2,..] [--shapes KxN,..] [--widen] [--hot]\n");
       return 2;
     }
   }
@@ -129,7 +131,7 @@ int main(int argc, char** argv) {
   std::printf("%-12s %3s %-22s %10s %10s %8s\n", "K x N", "M", "path", "us/call", "MB/call", "GB/s");
   for (auto [K, N] : shapes) {
     const double f32_bytes = 4.0 * static_cast<double>(K * N), bf16_bytes = f32_bytes / 2;
-    const int copies = static_cast<int>(std::max(2.0, 256e6 / f32_bytes + 0.999));
+    const int copies = hot ? 1 : static_cast<int>(std::max(2.0, 256e6 / f32_bytes + 0.999));
     std::vector<Linear> f32s;
     std::vector<kernels::GemvWeights> packs;
     {
