@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <numeric>
 
+#include "dnnl/engine.h"  // core/src: ScopedNoBf16Gemv
 #include "tessera/generate.h"
 #include "tessera/model.h"
 
@@ -108,17 +110,28 @@ struct CacheCase {
   PositionKind kind;
   bool reference;
   DType dtype = DType::f32;
+  bool no_gemv = false;  // bf16 on oneDNN for every M (the GEMV switched off at build)
 };
 
 class CachedStep : public ::testing::TestWithParam<CacheCase> {};
 
 // A 20-token decode: the prompt's step, then each new token alone against the cache; every step's
 // logits against a forward over the whole sequence so far.
+// bf16 on the fast path: a cached step's few rows run the bf16 GEMV, the recompute's many rows
+// oneDNN's f32 kernels. Their sums differ by f32 ulps, and the next layer's rounding to bf16 turns
+// such a difference into a bf16 ulp now and then (logits ~1e-3 apart), so that case is held to
+// test_model's bf16 bound; test_gemv compares the GEMV's decode step by step with oneDNN's. With
+// the GEMV off, both sides run oneDNN and agree as f32 does.
 TEST_P(CachedStep, EqualsFullRecomputeAtEveryStep) {
   const CacheCase& p = GetParam();
   ModelConfig c = decoder(p.kind);
   c.dtype = p.dtype;
-  const Model m = build(c);
+  const Model m = [&] {
+    std::unique_ptr<onednn::ScopedNoBf16Gemv> off;
+    if (p.no_gemv) off = std::make_unique<onednn::ScopedNoBf16Gemv>();
+    return build(c);
+  }();
+  const float tol = p.dtype == DType::bf16 && !p.reference && !p.no_gemv ? 2e-2f : 1e-5f;
   std::vector<int32_t> seq = tokens(5, 11);
   Result<KVCache> cache = KVCache::create(m, 1, 64);
   ASSERT_TRUE(cache.ok()) << cache.status().message();
@@ -134,7 +147,7 @@ TEST_P(CachedStep, EqualsFullRecomputeAtEveryStep) {
     EXPECT_EQ(cache->length(0), static_cast<int64_t>(seq.size()));
     const std::vector<float> full = recompute(m, seq, p.reference);
     const float d = max_abs_diff(out.logits.data<float>(), full);
-    EXPECT_LE(d, 1e-5f) << p.name << " step " << step;
+    EXPECT_LE(d, tol) << p.name << " step " << step;
     worst = std::max(worst, d);
     if (step == 20) break;
     // Feed the greedy token, as generation does; the next step sees only that row.
@@ -161,6 +174,7 @@ INSTANTIATE_TEST_SUITE_P(
                       CacheCase{"relative_reference", PositionKind::relative, true},
                       CacheCase{"no_positions_onednn", PositionKind::none, false},
                       CacheCase{"gpt2_learned_bf16_onednn", PositionKind::learned, false, DType::bf16},
+                      CacheCase{"gpt2_learned_bf16_onednn_no_gemv", PositionKind::learned, false, DType::bf16, true},
                       CacheCase{"gpt2_learned_bf16_reference", PositionKind::learned, true, DType::bf16}),
     [](const auto& info) { return std::string(info.param.name); });
 

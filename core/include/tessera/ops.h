@@ -70,6 +70,11 @@ class Linear {
   const Tensor& weight() const;  // (K, N) as given to create(), for the reference path and export
   const Tensor& bias() const;
   std::string impl_name() const;  // the oneDNN implementation chosen, e.g. "gemm:jit"
+  // What a forward of `rows` rows runs: "gemv_bf16:avx2" or "gemv_bf16:generic" where it takes
+  // the bf16 weight-streaming GEMV (bf16 compute without native bf16 kernels and rows <=
+  // gemv_max_rows(); that layer also holds a bf16 copy of its weights), else impl_name().
+  std::string impl_name(int64_t rows) const;
+  static int64_t gemv_max_rows();
   bool defined() const { return impl_ != nullptr; }
 
   struct Impl;

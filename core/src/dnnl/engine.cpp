@@ -61,6 +61,7 @@ int apply_threads() {
 namespace {
 thread_local bool t_emulate_bf16 = false;
 thread_local bool t_mismatched_packing = false;
+thread_local bool t_no_bf16_gemv = false;
 }  // namespace
 
 bool has_native_bf16() {
@@ -80,6 +81,7 @@ bool has_native_bf16() {
 }
 bool use_native_bf16() { return has_native_bf16() && !t_emulate_bf16; }
 bool mismatched_packing_for_testing() { return t_mismatched_packing; }
+bool no_bf16_gemv_for_testing() { return t_no_bf16_gemv; }
 
 ScopedBf16Emulation::ScopedBf16Emulation() : saved_(t_emulate_bf16) { t_emulate_bf16 = true; }
 ScopedBf16Emulation::~ScopedBf16Emulation() { t_emulate_bf16 = saved_; }
@@ -87,6 +89,8 @@ ScopedMismatchedPacking::ScopedMismatchedPacking() : saved_(t_mismatched_packing
   t_mismatched_packing = true;
 }
 ScopedMismatchedPacking::~ScopedMismatchedPacking() { t_mismatched_packing = saved_; }
+ScopedNoBf16Gemv::ScopedNoBf16Gemv() : saved_(t_no_bf16_gemv) { t_no_bf16_gemv = true; }
+ScopedNoBf16Gemv::~ScopedNoBf16Gemv() { t_no_bf16_gemv = saved_; }
 
 // ---------------------------------------------------------------------------------------------
 // Primitive cache
@@ -101,7 +105,7 @@ Cache& cache() {
   static Cache* c = new Cache;  // never destroyed: primitives may outlive static destruction
   return *c;
 }
-std::atomic<int64_t> g_packed_calls{0}, g_plain_calls{0}, g_plain_copies{0};
+std::atomic<int64_t> g_packed_calls{0}, g_plain_calls{0}, g_plain_copies{0}, g_gemv_calls{0};
 }  // namespace
 
 // Keys are byte strings: numbers go in as their 8 raw bytes (cheaper than printing them, and
@@ -168,9 +172,12 @@ CacheStats cache_stats() {
   return {c.created.load(), c.hits.load(), static_cast<int64_t>(c.map.size())};
 }
 
-LinearStats linear_stats() { return {g_packed_calls.load(), g_plain_calls.load(), g_plain_copies.load()}; }
+LinearStats linear_stats() {
+  return {g_packed_calls.load(), g_plain_calls.load(), g_plain_copies.load(), g_gemv_calls.load()};
+}
 void count_linear_call(bool packed) { (packed ? g_packed_calls : g_plain_calls).fetch_add(1); }
 void count_plain_copy() { g_plain_copies.fetch_add(1); }
+void count_gemv_call() { g_gemv_calls.fetch_add(1, std::memory_order_relaxed); }
 
 dnnl::primitive_attr base_attr() {
   dnnl::primitive_attr attr;

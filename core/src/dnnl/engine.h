@@ -20,6 +20,7 @@ struct LinearStats {
   int64_t packed_calls = 0;  // forwards that used the weights packed at create()
   int64_t plain_calls = 0;   // forwards whose primitive wanted another layout: plain (K, N) copy
   int64_t plain_copies = 0;  // plain copies made (at most one per Linear)
+  int64_t gemv_calls = 0;    // forwards that ran the bf16 weight-streaming GEMV (not oneDNN)
 };
 LinearStats linear_stats();
 
@@ -46,6 +47,19 @@ class ScopedMismatchedPacking {
   ~ScopedMismatchedPacking();
   ScopedMismatchedPacking(const ScopedMismatchedPacking&) = delete;
   ScopedMismatchedPacking& operator=(const ScopedMismatchedPacking&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// Linear::create makes no bf16 streaming copy, so that its forwards take oneDNN's (emulated)
+// bf16 matmul for every M: the path the GEMV replaced, for tests that compare the two.
+class ScopedNoBf16Gemv {
+ public:
+  ScopedNoBf16Gemv();
+  ~ScopedNoBf16Gemv();
+  ScopedNoBf16Gemv(const ScopedNoBf16Gemv&) = delete;
+  ScopedNoBf16Gemv& operator=(const ScopedNoBf16Gemv&) = delete;
 
  private:
   bool saved_;

@@ -7,9 +7,16 @@
 // equal within noise for transformer shapes), but matmul takes the weights as (K, N) like our
 // convention, keeps them plain there, and its `any` layout does not change with M, whereas the
 // inner product asked for (N, K) at one M and (K, N) at another.
+//
+// Few rows with bf16 compute and no native bf16 kernels (decoding on AVX2): a hand-written GEMV
+// that streams a bf16 copy of the weights (kernels/gemv_bf16.cpp), since oneDNN 2.6 would stream
+// the f32 copy there. Such a layer holds both copies: the f32 one for many rows (prefill,
+// encoders), where oneDNN's f32 matmul is compute-bound and faster than the GEMV, and the bf16 one
+// for few rows, where the step is bound by the bytes read (docs/PERFORMANCE.md).
 #include <mutex>
 
 #include "dnnl/onednn.h"
+#include "kernels/gemv_bf16.h"
 #include "ops_common.h"
 
 namespace tessera {
@@ -17,6 +24,12 @@ namespace tessera {
 using dnnl::memory;
 
 namespace {
+
+// Rows up to which a bf16 layer without native bf16 kernels runs the streaming GEMV instead of
+// oneDNN's f32 matmul: measured on the 2-core AVX2 machine (docs/PERFORMANCE.md, "bf16 weights
+// for decoding"), the GEMV is faster up to here for GPT-2-small's shapes.
+constexpr int64_t kGemvRows = 8;
+static_assert(kGemvRows <= kernels::kGemvMaxRows);
 
 // Rows the weights are packed for. The blocked layouts oneDNN picks depend on K, N and the ISA;
 // any M of a transformer batch will do.
@@ -82,6 +95,9 @@ struct Linear::Impl {
   std::string packed_key;     // packed_md as cache-key bytes
   memory packed;              // the weights in packed_md, owned
   std::string impl_name;
+  kernels::GemvWeights gemv;  // bf16 streaming copy for M <= kGemvRows; only when bf16 is emulated
+
+  bool uses_gemv(int64_t M) const { return gemv.defined() && M >= 1 && M <= kGemvRows; }
 
   // (K, N) row-major weights for primitives that refuse packed_md; made on first need.
   mutable std::once_flag plain_once;
@@ -146,7 +162,10 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
     const memory::data_type kdt = onednn::dt_of(impl->kernel);
     // Weights in the kernel's dtype, (K, N) row-major; bf16 compute rounds them here, once.
     Tensor wk = Tensor::empty({K, N}, impl->kernel);
-    onednn::convert(weight, wk, compute == DType::bf16 && !impl->native_bf16);
+    const bool emulate = compute == DType::bf16 && !impl->native_bf16;
+    onednn::convert(weight, wk, emulate);
+    // Emulated bf16: also the bf16 streaming copy for few rows (wk holds bf16 values already).
+    if (emulate && !onednn::no_bf16_gemv_for_testing()) impl->gemv = kernels::gemv_pack_bf16(static_cast<const float*>(wk.raw_data()), K, N);
     // Descriptors for a representative M, weights left to oneDNN (format_tag::any).
     Shapes s;
     s.src = onednn::dense_md({kPackRows, K}, kdt);
@@ -170,6 +189,45 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
   return lin;
 }
 
+namespace {
+
+// The streaming GEMV (bf16 weights, few rows): x rounded to bf16 into scratch as f32; y and r
+// used in place when f32 with unit stride along N, else through scratch (r also when it overlaps
+// y without being y).
+Status gemv_forward(const Linear::Impl& L, const Tensor& x, Tensor& y, const Tensor* residual) {
+  using onednn::Slot;
+  const int64_t M = x.dim(0), K = L.K, N = L.N;
+  Tensor xs = onednn::scratch_tensor(Slot::a, {M, K}, DType::f32);
+  onednn::convert(x, xs, /*round_bf16=*/true);
+  const bool y_direct = y.dtype() == DType::f32 && (N == 1 || y.stride(1) == 1);
+  Tensor dst = y_direct ? y : onednn::scratch_tensor(Slot::out, {M, N}, DType::f32);
+  kernels::GemvArgs a;
+  a.M = M;
+  a.x = static_cast<const float*>(xs.raw_data());
+  a.ldx = K;
+  a.bias = L.bias_row.defined() ? static_cast<const float*>(L.bias_row.raw_data()) : nullptr;
+  a.act = L.act;
+  a.y = static_cast<float*>(dst.raw_data());
+  a.ldy = dst.stride(0);
+  if (residual) {
+    Tensor r = *residual;
+    const bool r_direct = r.dtype() == DType::f32 && (N == 1 || r.stride(1) == 1) &&
+                          (onednn::same_view(r, dst) || !onednn::overlaps(r, dst));
+    if (!r_direct) {
+      r = onednn::scratch_tensor(Slot::b, {M, N}, DType::f32);
+      onednn::convert(*residual, r);
+    }
+    a.res = static_cast<const float*>(r.raw_data());
+    a.ldr = r.stride(0);
+  }
+  onednn::count_gemv_call();
+  kernels::gemv_bf16(L.gemv, a);
+  if (!y_direct) onednn::convert(dst, y);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const {
   static constexpr const char* op = "Linear::forward";
   if (!impl_)
@@ -185,6 +243,7 @@ Status Linear::forward(const Tensor& x, Tensor& y, const Tensor* residual) const
     return "x " + x.describe() + ", weight " + L.weight.describe() + ", y " + y.describe() +
            (residual ? ", residual " + residual->describe() : std::string());
   };
+  if (L.uses_gemv(M)) return onednn::guarded(op, shapes, [&] { return gemv_forward(L, x, y, residual); });
   return onednn::guarded(op, shapes, [&]() -> Status {
     using onednn::Slot;
     const bool emulate = L.compute == DType::bf16 && !L.native_bf16;
@@ -316,5 +375,10 @@ const Tensor& Linear::bias() const {
   return impl_ ? impl_->bias : kNone;
 }
 std::string Linear::impl_name() const { return impl_ ? impl_->impl_name : std::string("undefined"); }
+std::string Linear::impl_name(int64_t rows) const {
+  if (impl_ && impl_->K > 0 && impl_->uses_gemv(rows)) return std::string("gemv_bf16:") + kernels::gemv_isa();
+  return impl_name();
+}
+int64_t Linear::gemv_max_rows() { return kGemvRows; }
 
 }  // namespace tessera

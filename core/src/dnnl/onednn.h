@@ -35,6 +35,7 @@ bool has_native_bf16();
 // has_native_bf16() and no ScopedBf16Emulation on this thread.
 bool use_native_bf16();
 bool mismatched_packing_for_testing();  // ScopedMismatchedPacking on this thread
+bool no_bf16_gemv_for_testing();        // ScopedNoBf16Gemv on this thread
 
 // ---------------------------------------------------------------------------------------------
 // Primitive cache
@@ -163,5 +164,6 @@ Status guarded(const char* op, const std::function<std::string()>& shapes, Body&
 // Counters behind LinearStats.
 void count_linear_call(bool packed);
 void count_plain_copy();
+void count_gemv_call();
 
 }  // namespace tessera::onednn
