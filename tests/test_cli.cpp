@@ -621,3 +621,25 @@ TEST(Cli, BenchTimesPrefillAndDecodeForLanguageModels) {
   ASSERT_EQ(encoder.code, 0) << encoder.err;
   EXPECT_FALSE(has(encoder.out, "prefill")) << encoder.out;
 }
+
+// Without --no-peak the bench also measures the machine (matmul, FMA, memory bandwidth: a few
+// seconds, 512 MiB) and relates the model to it; only that the figures are there is checked.
+TEST(Cli, BenchMeasuresTheMachinesPeaksAndTheDecodeBound) {
+  const std::string json = ::testing::TempDir() + "tessera_cli_bench_peaks_" + std::to_string(getpid()) + ".json";
+  const Ran r = run_cli("bench " + kTiny + " --reps 1 --warmup 0 --seq-len 16 --decode 4 --threads 2 --json " + json);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* row : {"matmul peak", "FMA peak", "memory bandwidth", "decode bound"})
+    EXPECT_TRUE(has(r.out, row)) << row << "\n" << r.out;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  for (const char* key : {"matmul_peak_gflops", "fma_peak_gflops", "fma_peak_gflops_1thread", "fraction_of_fma_peak",
+                          "bandwidth_read_gbs", "bandwidth_triad_gbs", "decode_bound_tokens_per_s",
+                          "decode_fraction_of_bound"})
+    EXPECT_GT(j.at(key).get<double>(), 0) << key;
+  EXPECT_GE(j["bandwidth_bytes"].get<int64_t>(), int64_t{500} << 20);
+  EXPECT_FALSE(j["fma_isa"].get<std::string>().empty());
+  // The tiny decoder (tied head, learned positions): every parameter once, but one row of the
+  // position table.
+  EXPECT_GT(j["decode_weight_bytes_per_step"].get<int64_t>(), 0);
+  std::remove(json.c_str());
+}

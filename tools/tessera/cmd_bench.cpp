@@ -1,8 +1,10 @@
 // `tessera bench`: time a model's forward pass on random inputs of a chosen shape — warm-up, then
 // the median of N runs — and relate it to this machine's f32 matmul peak, measured in the same
-// run; for causal language models also generation with the KV cache: the input as a prompt
-// (prefill), then tokens one at a time (decode). A benchmark, not a test: figures go to stdout
-// (and --json), nothing is asserted.
+// run, and with its FMA peak (a register-only loop) and memory bandwidth (bench_machine.h); for
+// causal language models also generation with the KV cache: the input as a prompt (prefill), then
+// tokens one at a time (decode), and the decode's bound from the memory bandwidth (every weight
+// byte a step reads / bytes per second). A benchmark, not a test: figures go to stdout (and
+// --json), nothing is asserted.
 // `tessera bench --plugins` times the modality plugins' front ends instead (cmd_bench_plugins.cpp).
 #include <sys/resource.h>
 
@@ -13,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_attention.h"
+#include "bench_machine.h"
 #include "bench_plugins.h"
 #include "commands.h"
 #include "common.h"
@@ -136,10 +139,18 @@ int run_bench(const BenchArgs& a) {
   const double med = median(times);
   const double gflop = plan.flops_per_item * static_cast<double>(B) * 1e-9;
   const double rate = gflop / med;
-  const double peak = a.no_peak ? 0.0 : measure_matmul_peak();
+  // The process's peak memory before the peaks' own buffers (512 MiB for the bandwidth).
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   const RuntimeInfo ri = runtime_info();
+  const double peak = a.no_peak ? 0.0 : measure_matmul_peak();
+  FmaPeak fma, fma1;
+  Bandwidth bw;
+  if (!a.no_peak) {
+    fma = measure_fma_peak(ri.threads);
+    fma1 = ri.threads == 1 ? fma : measure_fma_peak(1);
+    bw = measure_bandwidth(ri.threads);
+  }
 
   const std::string name = e.model.name.empty() ? a.file : e.model.name;
   std::vector<std::vector<std::string>> rows = {
@@ -162,6 +173,17 @@ int run_bench(const BenchArgs& a) {
   if (peak > 0)
     rows.push_back({"matmul peak", fmt(peak, 1, false) + " GFLOP/s (f32 2048^3 oneDNN matmul, measured now) -> " +
                                        fmt(100.0 * rate / peak, 1, false) + " % of peak"});
+  if (fma.gflops > 0)
+    rows.push_back({"FMA peak", fmt(fma.gflops, 1, false) + " GFLOP/s on " + std::to_string(fma.threads) +
+                                    " threads, " + fmt(fma1.gflops, 1, false) + " on 1 (f32 " + fma.isa +
+                                    ", register-only loop, " + std::to_string(fma.accumulators) +
+                                    " accumulators, best of 5) -> " + fmt(100.0 * rate / fma.gflops, 1, false) +
+                                    " % of peak"});
+  if (bw.read_gbs > 0)
+    rows.push_back({"memory bandwidth", "read " + fmt(bw.read_gbs, 1, false) + " GB/s, triad " +
+                                            fmt(bw.triad_gbs, 1, false) + " GB/s (" +
+                                            fmt_bytes(static_cast<double>(bw.bytes)) + ", " +
+                                            std::to_string(bw.threads) + " threads, best of 5)"});
   // Generation (causal language models): prefill, then decode with the KV cache.
   std::vector<double> prefill, decode;
   int64_t n = a.decode;
@@ -179,6 +201,10 @@ int run_bench(const BenchArgs& a) {
       return kExitFailure;
     }
   }
+  // A decode step reads every weight once for the batch's B new tokens.
+  const int64_t step_bytes =
+      decode_weight_bytes_per_step(L->model, B, e.model.dtype == DType::bf16 && ri.native_bf16);
+  const double bound = bw.read_gbs > 0 ? static_cast<double>(B) * bw.read_gbs * 1e9 / static_cast<double>(step_bytes) : 0.0;
   if (!prefill.empty()) {
     const double p = median(prefill), d = median(decode);
     rows.push_back({"prefill", std::to_string(T) + " tokens x batch " + std::to_string(B) +
@@ -187,6 +213,13 @@ int run_bench(const BenchArgs& a) {
     rows.push_back({"decode", std::to_string(n) + " tokens one at a time after them (greedy): median " +
                                   fmt(d * 1e3 / static_cast<double>(n), 2, false) + " ms per step, " +
                                   fmt(static_cast<double>(B * n) / d, 1, false) + " tokens/s"});
+    if (bw.read_gbs > 0)
+      rows.push_back({"decode bound", fmt_bytes(static_cast<double>(step_bytes)) +
+                                          " of weights read per step / " + fmt(bw.read_gbs, 1, false) +
+                                          " GB/s read -> at most " + fmt(bound, 1, false) +
+                                          " tokens/s; decode at " +
+                                          fmt(100.0 * static_cast<double>(B * n) / d / bound, 1, false) +
+                                          " % of it (KV-cache reads not counted)"});
   }
   std::printf("%s", table(rows, 0).c_str());
   if (!a.json.empty()) {
@@ -204,8 +237,20 @@ int run_bench(const BenchArgs& a) {
                               {"gflop_per_batch", gflop},
                               {"gflops", rate},
                               {"peak_gflops", peak},
+                              {"matmul_peak_gflops", peak},
                               {"fraction_of_peak", peak > 0 ? rate / peak : 0.0},
                               {"max_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
+    if (fma.gflops > 0) {
+      j["fma_isa"] = fma.isa;
+      j["fma_peak_gflops"] = fma.gflops;
+      j["fma_peak_gflops_1thread"] = fma1.gflops;
+      j["fraction_of_fma_peak"] = rate / fma.gflops;
+    }
+    if (bw.read_gbs > 0) {
+      j["bandwidth_read_gbs"] = bw.read_gbs;
+      j["bandwidth_triad_gbs"] = bw.triad_gbs;
+      j["bandwidth_bytes"] = bw.bytes;
+    }
     if (!prefill.empty()) {
       j["prefill_tokens"] = T;
       j["prefill_times_s"] = prefill;
@@ -213,6 +258,11 @@ int run_bench(const BenchArgs& a) {
       j["decode_tokens"] = n;
       j["decode_times_s"] = decode;
       j["decode_tokens_per_s"] = static_cast<double>(B * n) / median(decode);
+      j["decode_weight_bytes_per_step"] = step_bytes;
+      if (bound > 0) {
+        j["decode_bound_tokens_per_s"] = bound;
+        j["decode_fraction_of_bound"] = static_cast<double>(B * n) / median(decode) / bound;
+      }
     }
     if (Status st = write_file_atomic(a.json, j.dump(2) + "\n"); !st.ok()) {
       std::fprintf(stderr, "tessera bench: %s\n", st.message().c_str());
@@ -228,7 +278,7 @@ void add_bench_command(CLI::App& app, std::function<int()>* run) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Time a model's forward pass and compare with the machine's matmul peak; or, with --plugins, time "
+      "Time a model's forward pass and compare with the machine's matmul and FMA peaks and memory bandwidth; or, with --plugins, time "
       "the modality plugins' front ends on real files");
   CLI::Option* file = cmd->add_option("file", args->file, "experiment YAML (not with --plugins)");
   auto* batch = cmd->add_option("--batch", args->batch, "items per batch (default: bench.batch)");
@@ -239,7 +289,7 @@ void add_bench_command(CLI::App& app, std::function<int()>* run) {
   auto* threads = cmd->add_option("--threads", args->threads,
                                   "intra-op threads (default: runtime.threads; 0 = all cores)");
   auto* seed = cmd->add_option("--seed", args->seed, "seed of the random input")->capture_default_str();
-  auto* no_peak = cmd->add_flag("--no-peak", args->no_peak, "skip measuring the matmul peak");
+  auto* no_peak = cmd->add_flag("--no-peak", args->no_peak, "skip measuring the machine's peaks (matmul, FMA, memory bandwidth)");
   auto* decode = cmd->add_option("--decode", args->decode,
                                  "causal language models: also time generation with the KV cache, the input as "
                                  "the prompt, then this many tokens one at a time (0: skip)")

@@ -1,0 +1,119 @@
+// `tessera bench`'s machine measurements (tools/tessera/bench_machine.h): the FMA peak and the
+// memory bandwidth come back positive and finite (tiny sizes; nothing about speed is asserted),
+// and a decode step's weight bytes follow the rule the header states, on small decoders.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "bench_machine.h"
+#include "tessera/model.h"
+
+using namespace tessera;
+using namespace tessera::cli;
+
+namespace {
+
+// A small GPT-2-shaped decoder (pre-LN, final norm, tied LM head), seeded init.
+ModelConfig decoder(PositionKind kind) {
+  ModelConfig c;
+  c.arch = Arch::decoder;
+  c.causal = true;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.d_k = c.d_v = 8;
+  c.d_ff = 64;
+  c.n_layers = 2;
+  c.activation = Activation::gelu_tanh;
+  c.norm = NormPlacement::pre;
+  c.final_norm = true;
+  c.attention.scale = 1.0 / std::sqrt(8.0);
+  c.stem.kind = StemKind::tokens;
+  c.stem.vocab_size = 61;
+  c.positions.kind = kind;
+  c.positions.max_len = 64;
+  c.positions.rotary_dims = c.d_k;
+  c.head.kind = HeadKind::lm;
+  c.head.tied = true;
+  c.init.scheme = InitScheme::glorot_normal;
+  c.init.seed = 5;
+  c.weights.allow_missing = true;
+  return c;
+}
+
+Model build(const ModelConfig& c) {
+  Result<Model> m = Model::build(c);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return std::move(m).value();
+}
+
+int64_t parameter_bytes(const Model& m) {
+  int64_t n = 0;
+  for (const auto& [name, t] : m.parameters()) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+int64_t bytes_of(const Model& m, const std::string& name) {
+  const Tensor* t = m.parameter(name);
+  EXPECT_NE(t, nullptr) << name;
+  return t ? static_cast<int64_t>(t->nbytes()) : 0;
+}
+
+}  // namespace
+
+TEST(BenchMachine, FmaPeakIsPositiveAndFinite) {
+  for (int threads : {1, 2}) {
+    const FmaPeak p = measure_fma_peak(threads, 0.002, 1);
+    EXPECT_GT(p.gflops, 0) << threads;
+    EXPECT_TRUE(std::isfinite(p.gflops)) << threads;
+    EXPECT_EQ(p.threads, threads);
+    EXPECT_GT(p.accumulators, 0);
+    EXPECT_EQ(p.isa, fma_isa());
+    EXPECT_FALSE(p.isa.empty());
+  }
+}
+
+TEST(BenchMachine, BandwidthIsPositiveAndFinite) {
+  const Bandwidth b = measure_bandwidth(2, int64_t{6} << 20, 1);
+  EXPECT_GT(b.read_gbs, 0);
+  EXPECT_TRUE(std::isfinite(b.read_gbs));
+  EXPECT_GT(b.triad_gbs, 0);
+  EXPECT_TRUE(std::isfinite(b.triad_gbs));
+  EXPECT_EQ(b.threads, 2);
+  // Three equal arrays make up the buffer, each a whole number of 64-float blocks.
+  EXPECT_LE(b.bytes, int64_t{6} << 20);
+  EXPECT_GT(b.bytes, (int64_t{6} << 20) - 3 * 64 * 4);
+  EXPECT_EQ(b.bytes % (3 * 64 * 4), 0);
+}
+
+TEST(BenchMachine, DecodeReadsEveryParameterOfATiedRotaryDecoder) {
+  // Rotary positions have no table, and the tied head reads the whole embedding: every parameter
+  // byte, once per step, whatever the batch.
+  const Model m = build(decoder(PositionKind::rotary));
+  EXPECT_EQ(decode_weight_bytes_per_step(m, 1, false), parameter_bytes(m));
+  EXPECT_EQ(decode_weight_bytes_per_step(m, 4, false), parameter_bytes(m));
+}
+
+TEST(BenchMachine, DecodeReadsOnlyItsTokensRowsOfLookupTables) {
+  const int64_t C = 32, V = 61;
+  // Learned positions: one row of the table per sequence in the batch.
+  const Model learned = build(decoder(PositionKind::learned));
+  const int64_t table = bytes_of(learned, "pos.table");
+  EXPECT_EQ(table, 64 * C * 4);
+  EXPECT_EQ(decode_weight_bytes_per_step(learned, 1, false), parameter_bytes(learned) - table + C * 4);
+  EXPECT_EQ(decode_weight_bytes_per_step(learned, 3, false), parameter_bytes(learned) - table + 3 * C * 4);
+  // An untied head: the embedding is a lookup (its rows), the head matrix is read in full.
+  ModelConfig untied_cfg = decoder(PositionKind::rotary);
+  untied_cfg.head.tied = false;
+  const Model untied = build(untied_cfg);
+  EXPECT_EQ(bytes_of(untied, "head.lm"), C * V * 4);
+  EXPECT_EQ(decode_weight_bytes_per_step(untied, 2, false), parameter_bytes(untied) - V * C * 4 + 2 * C * 4);
+}
+
+TEST(BenchMachine, DecodeCountsMatmulWeightsInBf16WhenTheKernelsHoldThem) {
+  const Model m = build(decoder(PositionKind::rotary));
+  int64_t matrices = 0;
+  for (const auto& [name, t] : m.parameters())
+    if (t.rank() == 2) matrices += static_cast<int64_t>(t.nbytes());
+  EXPECT_GT(matrices, 0);
+  EXPECT_EQ(decode_weight_bytes_per_step(m, 1, true), parameter_bytes(m) - matrices / 2);
+}

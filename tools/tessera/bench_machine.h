@@ -1,0 +1,50 @@
+// The machine's own limits, measured by `tessera bench` in the same run as the model, so that a
+// model's rate can be read as a fraction of what the cores and the memory can do at that moment:
+//   - the FMA peak: a loop of fused multiply-adds on registers only, no memory traffic, with
+//     enough independent accumulators to hide the FMA latency on both FMA pipes; the widest
+//     vectors the CPU has (AVX-512 when present, else AVX2 + FMA; our code is compiled for generic
+//     x86-64, so those kernels are compiled for their ISA alone and chosen at run time);
+//   - the memory bandwidth: a read-only sum and a STREAM triad over arrays far larger than the
+//     last-level cache;
+//   - what a decode step must stream: the bytes of weights one step of a causal LM reads.
+// A benchmark's tools, not the runtime's: nothing here is timed in tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/model.h"
+
+namespace tessera::cli {
+
+// The vector ISA the FMA loop runs on here: "avx512f", "avx2+fma", or "sse2 (no FMA: mul + add)".
+std::string fma_isa();
+
+struct FmaPeak {
+  double gflops = 0;   // best of the trials; an FMA counts 2 FLOP per lane
+  std::string isa;     // fma_isa()
+  int threads = 0;
+  int accumulators = 0;  // independent vector accumulators per thread
+};
+// `threads` OpenMP threads each run the loop for about `seconds` per trial; best of `trials`.
+FmaPeak measure_fma_peak(int threads, double seconds = 0.1, int trials = 5);
+
+struct Bandwidth {
+  double read_gbs = 0;   // read-only sum over the whole buffer, 1e9 bytes/s, best of the trials
+  double triad_gbs = 0;  // a[i] = b[i] + s·c[i] over its thirds, 3 × 4 bytes per element counted
+                         // (STREAM's convention: the write-allocate read is not counted)
+  int64_t bytes = 0;     // the buffer: the read reads all of it; the triad's three arrays make it up
+  int threads = 0;
+};
+// Default 512 MiB: 16 times the 32 MiB L3 of the machines this was written on.
+Bandwidth measure_bandwidth(int threads, int64_t bytes = int64_t{512} << 20, int trials = 5);
+
+// The bytes of weights one decode step of `batch` sequences reads: every parameter in full, once,
+// except the lookup tables (token, token-type and modality embeddings, the learned position
+// table), of which a step reads only its tokens' rows; a table the LM head reuses (tied) counts
+// once, in full. Matrices that feed a matmul count in the dtype the matmul holds them in: bf16
+// when `native_bf16_matmuls` (model.dtype bf16 on a CPU with bf16 kernels), else f32; all other
+// tensors as they are held. KV-cache reads are not weights and are not counted.
+int64_t decode_weight_bytes_per_step(const Model& m, int64_t batch, bool native_bf16_matmuls);
+
+}  // namespace tessera::cli
