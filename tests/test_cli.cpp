@@ -401,6 +401,8 @@ TEST(Cli, RunRecordsEveryKindOfBadItemAndExitsWith3) {
   const Ran r = run_cli("run " + d + "/q.yaml --out " + d + "/run --set task.attention.layers=[]");
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_TRUE(has(r.out, "6 items, 1 sequences written, 5 failed")) << r.out;
+  EXPECT_TRUE(has(r.out, "  time: setup ")) << r.out;
+  EXPECT_TRUE(has(r.out, " items/s\n")) << r.out;
   std::ifstream f(d + "/run/errors.jsonl");
   std::map<std::string, nlohmann::json> errors;
   for (std::string line; std::getline(f, line);) {
@@ -612,6 +614,10 @@ TEST(Cli, BenchTimesPrefillAndDecodeForLanguageModels) {
   EXPECT_EQ(j["decode_times_s"].size(), 2u);
   EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0);
   EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0);
+  // The load: from the start of loading to the end of the first forward.
+  EXPECT_TRUE(has(r.out, "s to the end of the first forward: ")) << r.out;
+  EXPECT_GT(j["first_forward_s"].get<double>(), 0);
+  EXPECT_NEAR(j["load_s"].get<double>(), j["load_ready_s"].get<double>() + j["first_forward_s"].get<double>(), 1e-9);
   std::remove(json.c_str());
   // Only as many tokens as the positions hold after the prompt; none for a model that is no
   // language model.
