@@ -98,7 +98,9 @@ TEST(Cli, ExplainScalingTwoHeadsAndCraneLake) {
 }
 
 TEST(Cli, CheckPrintsResolvedConfigAndPlan) {
-  const Ran r = run_cli("check configs/bench/vit_b16.yaml");
+  // One layer of the twelve: what is checked here (resolved defaults, rows, scores per head) does
+  // not depend on the depth, and building 86 M random weights cost most of the test (under ASan).
+  const Ran r = run_cli("check configs/bench/vit_b16.yaml --set model.n_layers=1");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.out, "d_k: 64")) << r.out;  // a default resolved from d_model / n_heads
   EXPECT_TRUE(has(r.out, "rows per item")) << r.out;
@@ -401,6 +403,8 @@ TEST(Cli, RunRecordsEveryKindOfBadItemAndExitsWith3) {
   const Ran r = run_cli("run " + d + "/q.yaml --out " + d + "/run --set task.attention.layers=[]");
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_TRUE(has(r.out, "6 items, 1 sequences written, 5 failed")) << r.out;
+  EXPECT_TRUE(has(r.out, "  time: setup ")) << r.out;
+  EXPECT_TRUE(has(r.out, " items/s\n")) << r.out;
   std::ifstream f(d + "/run/errors.jsonl");
   std::map<std::string, nlohmann::json> errors;
   for (std::string line; std::getline(f, line);) {
@@ -612,6 +616,10 @@ TEST(Cli, BenchTimesPrefillAndDecodeForLanguageModels) {
   EXPECT_EQ(j["decode_times_s"].size(), 2u);
   EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0);
   EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0);
+  // The load: from the start of loading to the end of the first forward.
+  EXPECT_TRUE(has(r.out, "s to the end of the first forward: ")) << r.out;
+  EXPECT_GT(j["first_forward_s"].get<double>(), 0);
+  EXPECT_NEAR(j["load_s"].get<double>(), j["load_ready_s"].get<double>() + j["first_forward_s"].get<double>(), 1e-9);
   std::remove(json.c_str());
   // Only as many tokens as the positions hold after the prompt; none for a model that is no
   // language model.

@@ -176,6 +176,11 @@ TEST(Runs, OutputsDoNotDependOnBatchSizeOrPacking) {
     EXPECT_EQ(s.items, 23);
     EXPECT_EQ(s.failed, 3);  // lines 3, 10 and 17 say FAIL
     EXPECT_EQ(s.sequences, 20);
+    // Where the time went: parts of the whole, each measured.
+    EXPECT_GT(s.setup_seconds, 0);
+    EXPECT_GT(s.model_seconds, 0);
+    EXPECT_GE(s.wait_seconds, 0);
+    EXPECT_LE(s.setup_seconds + s.model_seconds + s.wait_seconds, s.seconds);
     embeddings.push_back(npy::load(out + "/embeddings.npy").value());
     indexes.push_back(slurp(out + "/index.jsonl"));
     EXPECT_NE(slurp(out + "/errors.jsonl").find("{\"file\":\"" + data + "\",\"id\":\"lines.txt:4\",\"item\":3,"),

@@ -115,8 +115,10 @@ int run_bench(const BenchArgs& a) {
   }
   std::vector<std::string> overrides = a.overrides;
   if (a.threads >= 0) overrides.push_back("runtime.threads=" + std::to_string(a.threads));
+  const auto t_load = std::chrono::steady_clock::now();  // load: config, weights (mmap), packing
   std::optional<Loaded> L = load_and_build(a.file, overrides);
   if (!L) return kExitBadInput;
+  const double ready = seconds_since(t_load);
   const Experiment& e = L->exp;
   const int64_t B = a.batch > 0 ? a.batch : e.bench.batch;
   const int64_t T = a.seq_len > 0 ? a.seq_len : e.bench.seq_len;
@@ -128,6 +130,7 @@ int run_bench(const BenchArgs& a) {
   opt.reference = e.runtime.reference;
   Outputs out;
   std::vector<double> times;
+  double first = 0;  // the first forward, primitives created on the way
   for (int i = 0; i < warmup + reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     if (Status st = L->model.forward(batch, opt, &out); !st.ok()) {
@@ -135,6 +138,7 @@ int run_bench(const BenchArgs& a) {
       return kExitFailure;
     }
     if (i >= warmup) times.push_back(seconds_since(t0));
+    if (i == 0) first = seconds_since(t0);
   }
   const double med = median(times);
   const double gflop = plan.flops_per_item * static_cast<double>(B) * 1e-9;
@@ -169,6 +173,8 @@ int run_bench(const BenchArgs& a) {
       {"throughput", fmt(static_cast<double>(B) / med, 2, false) + " items/s, " +
                          fmt(static_cast<double>(B * plan.rows) / med, 0, false) + " rows/s"},
       {"compute", fmt(gflop, 2, false) + " GFLOP per batch, " + fmt(rate, 1, false) + " GFLOP/s"},
+      {"load", fmt(ready + first, 3, false) + " s to the end of the first forward: " + fmt(ready, 3, false) +
+                   " s config, weights and packing, then " + fmt(first, 3, false) + " s the first forward"},
       {"peak memory", fmt_bytes(static_cast<double>(ru.ru_maxrss) * 1024) + " resident (whole process)"}};
   if (peak > 0)
     rows.push_back({"matmul peak", fmt(peak, 1, false) + " GFLOP/s (f32 2048^3 oneDNN matmul, measured now) -> " +
@@ -239,6 +245,7 @@ int run_bench(const BenchArgs& a) {
                               {"peak_gflops", peak},
                               {"matmul_peak_gflops", peak},
                               {"fraction_of_peak", peak > 0 ? rate / peak : 0.0},
+                              {"load_s", ready + first}, {"load_ready_s", ready}, {"first_forward_s", first},
                               {"max_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
     if (fma.gflops > 0) {
       j["fma_isa"] = fma.isa;

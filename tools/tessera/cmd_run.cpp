@@ -2,6 +2,7 @@
 // and `tessera tokenize` (one input through an experiment's plugin, row by row). The batch runner
 // itself is core's (tessera/run.h); this file parses options and prints.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -48,6 +49,13 @@ int run_run(const RunArgs& a) {
               s.dir.c_str(), static_cast<long long>(s.items), static_cast<long long>(s.sequences),
               static_cast<long long>(s.failed), static_cast<long long>(s.batches),
               static_cast<long long>(s.batches_resumed), s.seconds);
+  if (s.seconds > 0) {  // where the time went; "waiting for the plugins": decoding the model did not hide
+    std::printf("  time: setup %.1f s, model %.1f s, waiting for the plugins %.1f s, outputs %.1f s", s.setup_seconds,
+                s.model_seconds, s.wait_seconds,
+                std::max(0.0, s.seconds - s.setup_seconds - s.model_seconds - s.wait_seconds));
+    if (s.batches_resumed == 0 && s.items > 0) std::printf("; %.2f items/s", static_cast<double>(s.items) / s.seconds);
+    std::printf("\n");
+  }
   std::vector<std::vector<std::string>> rows;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(s.dir, ec)) {

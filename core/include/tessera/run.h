@@ -86,6 +86,10 @@ struct RunSummary {
   int64_t batches = 0;
   int64_t batches_resumed = 0;  // batches found done and skipped
   double seconds = 0;
+  // Where the seconds went: setting up (plugins, the model, listing the dataset), the model
+  // (forward passes and heads), and the model's thread waiting for the plugins' rows (decoding
+  // not hidden behind the model: all of it with runtime.workers 0). The rest is writing outputs.
+  double setup_seconds = 0, model_seconds = 0, wait_seconds = 0;
 };
 
 // Runs the experiment over its dataset. Failures that stop the run (no dataset, plugins that do

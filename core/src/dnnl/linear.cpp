@@ -160,12 +160,6 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
   auto shapes = [&] { return onednn::describe({&weight, &bias}); };
   Status st = onednn::guarded(op, shapes, [&]() -> Status {
     const memory::data_type kdt = onednn::dt_of(impl->kernel);
-    // Weights in the kernel's dtype, (K, N) row-major; bf16 compute rounds them here, once.
-    Tensor wk = Tensor::empty({K, N}, impl->kernel);
-    const bool emulate = compute == DType::bf16 && !impl->native_bf16;
-    onednn::convert(weight, wk, emulate);
-    // Emulated bf16: also the bf16 streaming copy for few rows (wk holds bf16 values already).
-    if (emulate && !onednn::no_bf16_gemv_for_testing()) impl->gemv = kernels::gemv_pack_bf16(static_cast<const float*>(wk.raw_data()), K, N);
     // Descriptors for a representative M, weights left to oneDNN (format_tag::any).
     Shapes s;
     s.src = onednn::dense_md({kPackRows, K}, kdt);
@@ -177,8 +171,23 @@ Result<Linear> Linear::create(const Tensor& weight, const Tensor& bias, Activati
     impl->packed_md = pd.weights_desc();
     if (onednn::mismatched_packing_for_testing())
       impl->packed_md = memory::desc({K, N}, kdt, memory::dims{1, K});  // column-major
-    // Reorder the weights into that layout, once.
     impl->packed_key = (onednn::Key("packed") << impl->packed_md).str();
+    // That layout is plain (K, N) row-major (gemm:jit's on AVX2) and the weights are dense in the
+    // kernel's dtype, unrounded: the layer reads them where they are (a safetensors file's mmap'd
+    // pages), nothing copied at load. They must not be written while the layer lives.
+    const bool rounds = compute == DType::bf16 && !impl->native_bf16;
+    if (!rounds && weight.dtype() == impl->kernel && weight.is_contiguous() &&
+        impl->packed_md == onednn::dense_md({K, N}, kdt)) {
+      impl->packed = onednn::mem(impl->packed_md, weight.raw_data());
+      return Status::Ok();
+    }
+    // Otherwise: weights in the kernel's dtype, (K, N) row-major (bf16 compute rounds them here,
+    // once), reordered into that layout, once.
+    Tensor wk = Tensor::empty({K, N}, impl->kernel);
+    onednn::convert(weight, wk, rounds);
+    // Emulated bf16: also the bf16 streaming copy for few rows (wk holds bf16 values already).
+    if (rounds && !onednn::no_bf16_gemv_for_testing())
+      impl->gemv = kernels::gemv_pack_bf16(static_cast<const float*>(wk.raw_data()), K, N);
     impl->packed = memory(impl->packed_md, onednn::engine());
     reorder_once(onednn::mem_of(wk), impl->packed);
     return Status::Ok();

@@ -1,6 +1,7 @@
 // Model assembly and the forward pass: stem -> positions -> N blocks -> final norm -> head.
 // Parameters come from weights.cpp; this file turns them into packed layers once and runs them.
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kv_cache.h"
@@ -69,8 +70,17 @@ Tensor concat_last(const std::vector<Tensor>& parts) {
   Tensor out = vec ? Tensor::empty({n}) : Tensor::empty({parts[0].dim(0), n});
   int64_t c0 = 0;
   for (const auto& p : parts) {
-    out.slice(vec ? 0 : 1, c0, c0 + p.dim(-1)).copy_from(p);
-    c0 += p.dim(-1);
+    const int64_t w = p.dim(-1);
+    if (!vec && p.dtype() == DType::f32 && p.is_contiguous()) {
+      // Row by row (the fused Q/K/V weights at load: Tensor::copy_from goes element by element).
+      const int64_t R = p.dim(0);
+      const float* src = p.data<float>();
+      float* dst = out.data<float>() + c0;
+      for (int64_t r = 0; r < R; ++r) std::memcpy(dst + r * n, src + r * w, static_cast<size_t>(w) * sizeof(float));
+    } else {
+      out.slice(vec ? 0 : 1, c0, c0 + w).copy_from(p);
+    }
+    c0 += w;
   }
   return out;
 }

@@ -356,6 +356,7 @@ class Runner {
   std::set<int64_t> done_;
   RunSummary summary_;
   int64_t items_done_ = 0;
+  double model_seconds_ = 0;  // in the model: forward passes and heads (generate: the whole generation)
   bool complete_ = false;  // --resume found the run finished
 };
 
@@ -724,7 +725,9 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
   Tensor values;              // the batch's embeddings (N, C) or hidden rows (sum of rows, C)
 
   if (!seqs.empty() && task == TaskKind::generate) {
+    const auto t_model = std::chrono::steady_clock::now();
     TSR_RETURN_IF_ERROR(generate_records(seqs, &records).with_prefix("batch " + std::to_string(k)));
+    model_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
   } else if (!seqs.empty()) {
     // Place sequences: one per batch row, or packed first-fit into rows as long as the longest.
     int64_t T = 0;
@@ -776,6 +779,7 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
     for (int64_t l : exp_.task.attention.layers) fo.capture.insert("blocks." + std::to_string(l) + ".attn.weights");
     fo.capture_heads = exp_.task.attention.heads;  // empty: every head
     Outputs out;
+    const auto t_model = std::chrono::steady_clock::now();
     TSR_RETURN_IF_ERROR(model_->forward(batch, fo, &out).with_prefix("batch " + std::to_string(k)));
     const int64_t C = out.hidden.dim(2);
 
@@ -800,6 +804,7 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
       Tensor logits;
       TSR_RETURN_IF_ERROR(model_->classify(pooled, &logits, &probs, fo));
     }
+    model_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
     row_at = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       const Sequence& s = seqs[i];
@@ -984,7 +989,11 @@ Status Runner::finalize() {
 
 Result<RunSummary> Runner::run() {
   const auto t0 = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   TSR_RETURN_IF_ERROR(setup());
+  summary_.setup_seconds = since(t0);
   summary_.items = static_cast<int64_t>(items_.size());
   summary_.batches = batches_;
   if (complete_) {
@@ -1006,7 +1015,9 @@ Result<RunSummary> Runner::run() {
   if (!todo.empty() && prefetch) next = std::async(std::launch::async, [this, k = todo[0]] { return encode_batch(k); });
   int64_t failed = 0;
   for (size_t i = 0; i < todo.size(); ++i) {
+    const auto t_wait = std::chrono::steady_clock::now();
     EncodedBatch eb = prefetch ? next.get() : encode_batch(todo[i]);
+    summary_.wait_seconds += since(t_wait);
     if (prefetch && i + 1 < todo.size())
       next = std::async(std::launch::async, [this, k = todo[i + 1]] { return encode_batch(k); });
     failed += static_cast<int64_t>(eb.errors.size());
@@ -1021,7 +1032,8 @@ Result<RunSummary> Runner::run() {
   }
   TSR_RETURN_IF_ERROR(finalize());
   progress.update(summary_.items, summary_.failed, true);
-  summary_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  summary_.seconds = since(t0);
+  summary_.model_seconds = model_seconds_;
   return summary_;
 }
 
