@@ -128,6 +128,20 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  {
+    // The roofline: a plain parallel read of 256 MB (an integer sum, which the compiler vectorises).
+    const int64_t n = 64 << 20;
+    std::vector<uint32_t> big(static_cast<size_t>(n), 1u);
+    const uint32_t* p = big.data();
+    uint32_t sink = 0;
+    const double s = time_per_call(1, reps, [&](int) {
+      uint32_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+      for (int64_t i = 0; i < n; ++i) sum += p[i];
+      sink += sum;
+    });
+    std::printf("# plain read of %.0f MB: %.2f GB/s (checksum %u)\n", 4.0 * n / 1e6, 4.0 * n / s / 1e9, sink);
+  }
   std::printf("%-12s %3s %-22s %10s %10s %8s\n", "K x N", "M", "path", "us/call", "MB/call", "GB/s");
   for (auto [K, N] : shapes) {
     const double f32_bytes = 4.0 * static_cast<double>(K * N), bf16_bytes = f32_bytes / 2;

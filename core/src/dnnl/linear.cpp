@@ -28,7 +28,7 @@ namespace {
 // Rows up to which a bf16 layer without native bf16 kernels runs the streaming GEMV instead of
 // oneDNN's f32 matmul: measured on the 2-core AVX2 machine (docs/PERFORMANCE.md, "bf16 weights
 // for decoding"), the GEMV is faster up to here for GPT-2-small's shapes.
-constexpr int64_t kGemvRows = 8;
+constexpr int64_t kGemvRows = 16;
 static_assert(kGemvRows <= kernels::kGemvMaxRows);
 
 // Rows the weights are packed for. The blocked layouts oneDNN picks depend on K, N and the ISA;

@@ -10,7 +10,7 @@
 // Layout (gemv_bf16.h): blocks of 16 output columns, K contiguous inside a block, each row of a
 // block 16 bf16 = 32 bytes with columns c and c + 8 paired in one 32-bit lane. One thread takes a
 // contiguous range of blocks, so each thread reads one sequential stream.
-// Kernel: per block, rows in register tiles of up to 6 (2 × 8-float accumulators per row), f32
+// Kernel: per block, rows in register tiles of up to 6 (4 portable; 2 × 8 floats per row), f32
 // FMA, bias + activation + residual applied to the block's outputs after its K loop.
 // Dispatch: AVX2 + FMA through GCC target attributes, chosen at run time; our code is otherwise
 // built for generic x86-64, so a portable C++ loop over the same layout serves other CPUs.
@@ -32,7 +32,8 @@ namespace tessera::kernels {
 
 namespace {
 
-constexpr int kMaxTileRows = 6;  // rows per register tile: 12 accumulators + 2 weights + 1 broadcast
+constexpr int kMaxTileRows = 6;  // AVX2 rows per register tile: 12 accumulators + 2 weights + 1 broadcast
+constexpr int kMaxGenericRows = 4;  // portable rows per tile (5 and 6 measured 10x slower: spills)
 constexpr int64_t kTileK = 512;  // K rows per pass when several row tiles share a block (16 KiB)
 constexpr int64_t kParallelMin = 32768;  // weights below which one thread does it all
 
@@ -80,9 +81,7 @@ void tile_generic_rows(const uint16_t* w, const float* x, int64_t ldx, int64_t k
     case 1: return tile_generic<1>(w, x, ldx, kn, acc);
     case 2: return tile_generic<2>(w, x, ldx, kn, acc);
     case 3: return tile_generic<3>(w, x, ldx, kn, acc);
-    case 4: return tile_generic<4>(w, x, ldx, kn, acc);
-    case 5: return tile_generic<5>(w, x, ldx, kn, acc);
-    default: return tile_generic<6>(w, x, ldx, kn, acc);
+    default: return tile_generic<4>(w, x, ldx, kn, acc);
   }
 }
 
@@ -230,11 +229,15 @@ void gemv_bf16(const GemvWeights& w, const GemvArgs& a) {
   const int64_t nb = (N + kGemvBlock - 1) / kGemvBlock;
   const uint16_t* packed = reinterpret_cast<const uint16_t*>(w.packed.raw_data());
   TileFn tile = tile_generic_rows;
+  int64_t tile_rows = kMaxGenericRows;
 #if TESSERA_GEMV_X86
-  if (cpu_has_avx2() && !t_force_generic) tile = tile_avx2_rows;
+  if (cpu_has_avx2() && !t_force_generic) {
+    tile = tile_avx2_rows;
+    tile_rows = kMaxTileRows;
+  }
 #endif
-  // Row tiles of at most 6 rows, as even as possible (8 -> 4 + 4).
-  const int64_t n_tiles = (M + kMaxTileRows - 1) / kMaxTileRows;
+  // Row tiles of at most tile_rows rows, as even as possible (AVX2: 8 -> 4 + 4).
+  const int64_t n_tiles = (M + tile_rows - 1) / tile_rows;
   const int64_t k_step = n_tiles == 1 ? std::max<int64_t>(K, 1) : kTileK;
 #pragma omp parallel for schedule(static) if (nb > 1 && K * N >= kParallelMin)
   for (int64_t j = 0; j < nb; ++j) {
