@@ -417,11 +417,11 @@ TEST(Cli, RunRecordsEveryKindOfBadItemAndExitsWith3) {
   for (const auto& [id, e] : errors) {
     const std::string reason = e["reason"];
     EXPECT_FALSE(reason.empty()) << id;
-    if (id == "jpeg") EXPECT_NE(reason.find("truncated JPEG: the file ends at byte"), std::string::npos) << reason;
-    if (id == "wav") EXPECT_NE(reason.find("not a sound file libsndfile can read"), std::string::npos) << reason;
-    if (id == "wav_data") EXPECT_NE(reason.find("truncated WAV: its data chunk promises"), std::string::npos) << reason;
-    if (id == "fasta") EXPECT_NE(reason.find("'*' (a stop) before the end of the sequence"), std::string::npos) << reason;
-    if (id == "latin1") EXPECT_NE(reason.find("UTF-8"), std::string::npos) << reason;
+    if (id == "jpeg") { EXPECT_NE(reason.find("truncated JPEG: the file ends at byte"), std::string::npos) << reason; }
+    if (id == "wav") { EXPECT_NE(reason.find("not a sound file libsndfile can read"), std::string::npos) << reason; }
+    if (id == "wav_data") { EXPECT_NE(reason.find("truncated WAV: its data chunk promises"), std::string::npos) << reason; }
+    if (id == "fasta") { EXPECT_NE(reason.find("'*' (a stop) before the end of the sequence"), std::string::npos) << reason; }
+    if (id == "latin1") { EXPECT_NE(reason.find("UTF-8"), std::string::npos) << reason; }
   }
   std::ifstream index(d + "/run/index.jsonl");
   std::string first;
