@@ -126,17 +126,22 @@ void expect_parity(const std::string& family, const Model& model, const Referenc
     const std::string L = std::to_string(l);
     EXPECT_LE(max_abs_diff(out.captured.at("blocks." + L + ".out"), ref.get("layer." + L + "." + i)), kTol)
         << "layer " << l;
-    if (ref.has("attn." + L + "." + i))
+    if (ref.has("attn." + L + "." + i)) {
       EXPECT_LE(max_abs_diff(out.captured.at("blocks." + L + ".attn.weights"), ref.get("attn." + L + "." + i)), kTol)
           << "attention of layer " << l;
+    }
   }
   EXPECT_LE(max_abs_diff(out.hidden, ref.get("final." + i)), kTol) << "final hidden rows";
   if (m.head.kind == HeadKind::lm || m.head.kind == HeadKind::classifier) {
     ASSERT_TRUE(ref.has("logits." + i));
     EXPECT_LE(max_abs_diff(out.logits, ref.get("logits." + i)), kTol) << "logits";
   }
-  if (family == "ast") EXPECT_LE(max_abs_diff(out.pooled, ref.get("pooled." + i)), kTol) << "pooled";
-  if (family == "bert") EXPECT_LE(max_abs_diff(out.pooled, ref.get("sentence." + i)), kTol) << "sentence embedding";
+  if (family == "ast") {
+    EXPECT_LE(max_abs_diff(out.pooled, ref.get("pooled." + i)), kTol) << "pooled";
+  }
+  if (family == "bert") {
+    EXPECT_LE(max_abs_diff(out.pooled, ref.get("sentence." + i)), kTol) << "sentence embedding";
+  }
 }
 
 void family_parity(const std::string& family) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 
+#include "model/arena.h"
 #include "model/layers.h"
 #include "tessera/model.h"
 #include "tessera/plugin.h"
@@ -659,4 +660,67 @@ TEST(Batches, MixedStemWithModalityEmbeddings) {
   bad.modality = Tensor::from_ids({1, 7}, {0, 0, 0, 1, 1, 2, 1});
   Outputs out;
   EXPECT_EQ(m.forward(bad, {}, &out).message(), "forward: row 5 of item 0 has modality 2 outside [0, 2)");
+}
+
+// The arena: steady passes take their intermediates from the thread's buffers, so the number of
+// allocations a pass makes does not grow with depth, and nothing a caller kept is overwritten.
+namespace {
+
+struct PassAllocations {
+  int64_t tensors = 0, arena = 0;
+};
+
+PassAllocations steady_pass(const ModelConfig& c, const Batch& b) {
+  const Model m = build(c);
+  ForwardOptions o;
+  Outputs out;
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(m.forward(b, o, &out).ok());
+  const int64_t t0 = Tensor::allocations(), a0 = model::Arena::allocations();
+  EXPECT_TRUE(m.forward(b, o, &out).ok());
+  return {Tensor::allocations() - t0, model::Arena::allocations() - a0};
+}
+
+}  // namespace
+
+TEST(Arena, SteadyPassesAllocateNothingPerLayer) {
+  for (NormPlacement norm : {NormPlacement::pre, NormPlacement::post}) {
+    for (bool causal : {false, true}) {
+      ModelConfig c = small();
+      c.norm = norm;
+      c.causal = causal;
+      c.positions.kind = PositionKind::learned;
+      c.head.kind = causal ? HeadKind::lm : HeadKind::pool;
+      Batch b = random_ids(3, 8, c.stem.vocab_size, 5);
+      b.lengths = {8, 3, 6};
+      c.n_layers = 1;
+      const PassAllocations one = steady_pass(c, b);
+      c.n_layers = 6;
+      const PassAllocations six = steady_pass(c, b);
+      const std::string what = std::string(norm == NormPlacement::pre ? "pre" : "post") + (causal ? " causal" : "");
+      EXPECT_EQ(one.arena, 0) << what;
+      EXPECT_EQ(six.arena, 0) << what;
+      // What is left is per pass (the outputs, the heads), never per layer.
+      EXPECT_EQ(six.tensors, one.tensors) << what;
+      EXPECT_LE(six.tensors, 4) << what;
+    }
+  }
+}
+
+TEST(Arena, ResultsTheCallerKeepsAreNeverOverwritten) {
+  ModelConfig c = small();
+  c.positions.kind = PositionKind::learned;
+  const Model m = build(c);
+  const Batch b1 = random_ids(2, 8, c.stem.vocab_size, 1), b2 = random_ids(2, 8, c.stem.vocab_size, 2);
+  ForwardOptions o;
+  Outputs out;
+  ASSERT_TRUE(m.forward(b1, o, &out).ok());
+  const Tensor kept = out.hidden;          // shares the arena's buffer
+  const Tensor expected = kept.clone();
+  ASSERT_TRUE(m.forward(b2, o, &out).ok());  // same shapes: the slot would be reused if let go
+  EXPECT_EQ(max_abs_diff(kept, expected), 0.f);
+  EXPECT_GT(max_abs_diff(out.hidden, expected), 1e-3f);  // and the new pass has its own result
+  Outputs other;
+  ASSERT_TRUE(m.forward(b1, o, &other).ok());
+  EXPECT_EQ(max_abs_diff(other.hidden, expected), 0.f);
+  EXPECT_GT(max_abs_diff(out.hidden, expected), 1e-3f);  // out's result survived other's pass
 }

@@ -1,6 +1,7 @@
 // Tensor storage, views and dtype conversion. No arithmetic beyond element conversion lives here.
 #include "tessera/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
@@ -126,7 +127,10 @@ bool Shape::operator==(const Shape& o) const {
 
 namespace {
 
+std::atomic<int64_t> g_allocations{0};
+
 std::shared_ptr<void> allocate(size_t nbytes) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   // Round up so that aligned_alloc's size is a multiple of the alignment; never zero bytes.
   size_t n = (nbytes + Tensor::kAlignment - 1) / Tensor::kAlignment * Tensor::kAlignment;
   if (n == 0) n = Tensor::kAlignment;
@@ -182,6 +186,8 @@ void convert_element(const void* src, DType st, void* dst, DType dt) {
 }
 
 }  // namespace
+
+int64_t Tensor::allocations() { return g_allocations.load(std::memory_order_relaxed); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   for (int64_t d : shape) TSR_CHECK(d >= 0, "negative dimension");

@@ -105,6 +105,9 @@ class Tensor {
   // Borrow `data` (contiguous, at least kAlignment-aligned is best but not required);
   // `owner` is kept alive while any view refers to it.
   static Tensor wrap(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner);
+  // Storage blocks Tensor has allocated in this process so far (empty, zeros, clone, ...): for
+  // tests and benchmarks that check a loop allocates nothing.
+  static int64_t allocations();
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "arena.h"
 #include "layers.h"
 
 namespace tessera::model {
@@ -271,7 +272,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   const int32_t* positions = rows.plain ? nullptr : rows.pos.data();
 
   // 1. Project: [Q | K | V] (B·T, H·(2dk + dv)) = x · [W_Q | W_K | W_V] + b.
-  Tensor qkv = Tensor::empty({B * T, L.qkv.out_features()});
+  Tensor qkv = Arena::get(ArenaSlot::qkv, {B * T, L.qkv.out_features()});
   TSR_RETURN_IF_ERROR(ex.linear(L.qkv, x.reshape({B * T, C}), qkv));
   Tensor q = head_view(qkv, B, T, 0, H, dk);           // (B, H, T, dk)
   Tensor k = head_view(qkv, B, T, H * dk, H, dk);      // (B, H, T, dk)
@@ -287,7 +288,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   if (kv) {
     append_to_cache(k, v, rows, *kv);
     if (kv->any_past()) {  // without cached rows, the new rows alone are the whole story: go on below
-      Tensor concat = Tensor::empty({B, T, H * dv});
+      Tensor concat = Arena::get(ArenaSlot::concat, {B, T, H * dv});
       attend_cached(L, q, rows, *kv, concat);
       cap.put(p + ".heads", concat.unflatten(2, H, dv).transpose(1, 2));
       cap.put(p + ".concat", concat);
@@ -296,7 +297,7 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   }
 
   // 5. The weighted sum of values, written straight into the concatenation: O_h = A_h V_h.
-  Tensor concat = Tensor::empty({B, T, H * dv});
+  Tensor concat = Arena::get(ArenaSlot::concat, {B, T, H * dv});
   Tensor heads = concat.unflatten(2, H, dv).transpose(1, 2);  // (B, H, T, dv) view
   const bool relative = L.positions.kind == PositionKind::relative;
   const bool wants_weights = cap.wants(p + ".scores") || cap.wants(p + ".mask") || cap.wants(p + ".weights");

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "arena.h"
 #include "kv_cache.h"
 #include "layers.h"
 #include "tessera/model.h"
@@ -430,8 +431,14 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   for (int32_t p : lay.pos)
     if (p < 0) return Status::OutOfRange("forward: a negative position id (" + std::to_string(p) + ")");
 
-  // Stem: token ids and/or feature rows -> (B, T, C).
-  Tensor x = Tensor::zeros({B, T, C});
+  // Stem: token ids and/or feature rows -> (B, T, C). The pass's intermediates come from this
+  // thread's arena (arena.h); the last pass's hidden rows are let go first so that their buffer
+  // can be reused, unless the caller still holds them.
+  using model::Arena;
+  using model::ArenaSlot;
+  out->hidden = Tensor();
+  Tensor x = Arena::get(ArenaSlot::stream, {B, T, C});
+  std::memset(x.raw_data(), 0, x.nbytes());
   const Tensor kinds = batch.kinds.defined() ? batch.kinds.contiguous() : Tensor();
   const Tensor roles = batch.roles.defined() ? batch.roles.contiguous() : Tensor();
   auto is_feature_row = [&](int64_t i) {  // i = b·T_in + t over the input rows
@@ -447,7 +454,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       for (int64_t i = 0; i < B * T_in; ++i)
         if (is_feature_row(i)) ids.data<int32_t>()[i] = 0;
     }
-    Tensor emb = Tensor::empty({B * T_in, C});
+    Tensor emb = Arena::get(ArenaSlot::embed, {B * T_in, C});
     TSR_RETURN_IF_ERROR(ex.embedding(L.embed, ids.reshape({B * T_in}), emb));
     const float scale = c.stem.scale == EmbedScale::sqrt_d_model ? std::sqrt(static_cast<float>(C)) : 1.f;
     const Tensor types = batch.types.defined() ? batch.types.contiguous() : Tensor();
@@ -534,7 +541,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       for (int64_t k = 0; k < C; ++k) xp[i * C + k] += e[k];
     }
   }
-  Tensor h = Tensor::empty({B, T, C});  // normed rows / scratch
+  Tensor h = Arena::get(ArenaSlot::normed, {B, T, C});  // normed rows / scratch
   if (c.stem.norm) {
     TSR_RETURN_IF_ERROR(ex.layer_norm(x, L.stem_g, L.stem_b, static_cast<float>(c.norm_eps), h));
     std::swap(x, h);
@@ -549,7 +556,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
     const float eps = static_cast<float>(c.norm_eps);
     const int64_t F = c.d_ff;
     auto ffn = [&](const Tensor& in, Tensor& y, const Tensor* residual) -> Status {
-      Tensor hidden = Tensor::empty({B * T, F});
+      Tensor hidden = Arena::get(ArenaSlot::hidden, {B * T, F});
       TSR_RETURN_IF_ERROR(ex.linear(blk.ffn1, in.reshape({B * T, C}), hidden));
       cap.put(p + ".ffn.hidden", hidden.reshape({B, T, F}));
       Tensor y2 = y.reshape({B * T, C});
@@ -579,7 +586,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
       // post-LN: R = LN1(X + MultiHead(X));  Y = LN2(R + FFN(R))   (norm none: no LN)
       cap.put(p + ".attn.in", x);
       const int64_t width = blk.attn.out.defined() ? C : c.n_heads * c.d_v;
-      Tensor u = width == C ? h : Tensor::empty({B, T, width});
+      Tensor u = width == C ? h : Arena::get(ArenaSlot::wide, {B, T, width});
       TSR_RETURN_IF_ERROR(
           model::attention_forward(blk.attn, ex, x, lay, c.residual ? &x : nullptr, u, cap, p + ".attn", cv));
       cap.put(p + ".attn.residual", u);
@@ -632,7 +639,7 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   auto lm_logits = [&](const Tensor& rows, Tensor& logits) -> Status {
     if (!L.transform.defined()) return ex.linear(L.head, rows, logits);
     const int64_t N = rows.dim(0);
-    Tensor t1 = Tensor::empty({1, N, C}), t2 = Tensor::empty({1, N, C});
+    Tensor t1 = Arena::get(ArenaSlot::head_a, {1, N, C}), t2 = Arena::get(ArenaSlot::head_b, {1, N, C});
     Tensor t1v = t1.reshape({N, C});
     TSR_RETURN_IF_ERROR(ex.linear(L.transform, rows, t1v));
     TSR_RETURN_IF_ERROR(ex.layer_norm(t1, L.transform_g, L.transform_b, static_cast<float>(c.norm_eps), t2));

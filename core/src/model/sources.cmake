@@ -1,4 +1,5 @@
 target_sources(tessera PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/arena.cpp
   ${CMAKE_CURRENT_LIST_DIR}/attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/positions.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weights.cpp
