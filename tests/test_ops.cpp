@@ -354,6 +354,27 @@ TEST(Linear, OddSizesAndSingleRows) {
       check_linear(rng, M, K, M == 3 ? 1 : 65, Activation::gelu_erf, true, M == 100 ? 2 : 1);
 }
 
+TEST(Linear, RowsA2KiBMultipleApartArePaddedAndStillExact) {
+  // N = 512 and 1536 f32: rows 2 KiB and 6 KiB apart, which the plain gemm kernel reads slowly;
+  // Linear keeps them N + 16 apart. Every M (unpacked and packed gemm paths), post-ops, residual.
+  std::mt19937 rng(29);
+  for (int64_t N : {512, 1536}) {
+    for (int64_t M : {1, 5, 128, 300, 600}) check_linear(rng, M, 40, N, Activation::gelu_erf, true, M % 2 ? 2 : 1);
+    const Tensor w = random_tensor({24, N}, rng);
+    Result<Linear> lin = Linear::create(w, Tensor(), Activation::none);
+    ASSERT_TRUE(lin.ok());
+    if (lin->impl_name().rfind("gemm", 0) == 0) {
+      EXPECT_EQ(lin->weight_row_stride(128), N + 16) << N;
+      EXPECT_EQ(lin->weight_row_stride(512), N) << N;
+    }
+  }
+  Result<Linear> odd_n = Linear::create(random_tensor({24, 520}, rng), Tensor(), Activation::none);
+  ASSERT_TRUE(odd_n.ok());
+  if (odd_n->impl_name().rfind("gemm", 0) == 0) {
+    EXPECT_EQ(odd_n->weight_row_stride(128), 520);
+  }
+}
+
 TEST(Linear, Bf16ComputeRoundsWeightsAndInputs) {
   std::mt19937 rng(23);
   for (int emulate = 0; emulate < 2; ++emulate) {

@@ -75,6 +75,10 @@ class Linear {
   // gemv_max_rows(); that layer also holds a bf16 copy of its weights), else impl_name().
   std::string impl_name(int64_t rows) const;
   static int64_t gemv_max_rows();
+  // Elements between consecutive weight rows that a forward of `rows` rows reads, when the
+  // weights are plain (K, N) row-major: N, or N + 16 below 512 rows where N's rows would be a
+  // multiple of 2 KiB apart (see Linear::create); 0 when oneDNN chose a blocked layout.
+  int64_t weight_row_stride(int64_t rows) const;
   bool defined() const { return impl_ != nullptr; }
 
   struct Impl;
