@@ -232,7 +232,7 @@ Bandwidth measure_bandwidth(int threads, int64_t bytes, int trials) {
   return b;
 }
 
-int64_t decode_weight_bytes_per_step(const Model& m, int64_t batch, bool native_bf16_matmuls) {
+int64_t decode_weight_bytes_per_step(const Model& m, int64_t batch, bool bf16_weights) {
   const ModelConfig& c = m.config();
   const bool tied_head = c.head.kind == HeadKind::lm && c.head.tied;
   int64_t total = 0;
@@ -245,7 +245,7 @@ int64_t decode_weight_bytes_per_step(const Model& m, int64_t batch, bool native_
     }
     const bool relative = name.find(".attn.rel_") != std::string::npos;
     if (t.rank() == 2 && !relative) {  // a matmul's weight, held in the kernel's dtype
-      total += t.numel() * (native_bf16_matmuls ? 2 : 4);
+      total += t.numel() * (bf16_weights ? 2 : 4);
       continue;
     }
     total += static_cast<int64_t>(t.nbytes());

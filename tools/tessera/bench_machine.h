@@ -42,9 +42,10 @@ Bandwidth measure_bandwidth(int threads, int64_t bytes = int64_t{512} << 20, int
 // The bytes of weights one decode step of `batch` sequences reads: every parameter in full, once,
 // except the lookup tables (token, token-type and modality embeddings, the learned position
 // table), of which a step reads only its tokens' rows; a table the LM head reuses (tied) counts
-// once, in full. Matrices that feed a matmul count in the dtype the matmul holds them in: bf16
-// when `native_bf16_matmuls` (model.dtype bf16 on a CPU with bf16 kernels), else f32; all other
+// once, in full. Matrices that feed a matmul count in the dtype the step reads them in: bf16
+// when `bf16_weights` (model.dtype bf16, on a CPU with bf16 kernels or through the bf16 GEMV),
+// else f32; all other
 // tensors as they are held. KV-cache reads are not weights and are not counted.
-int64_t decode_weight_bytes_per_step(const Model& m, int64_t batch, bool native_bf16_matmuls);
+int64_t decode_weight_bytes_per_step(const Model& m, int64_t batch, bool bf16_weights);
 
 }  // namespace tessera::cli

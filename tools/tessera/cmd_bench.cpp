@@ -207,9 +207,11 @@ int run_bench(const BenchArgs& a) {
       return kExitFailure;
     }
   }
-  // A decode step reads every weight once for the batch's B new tokens.
-  const int64_t step_bytes =
-      decode_weight_bytes_per_step(L->model, B, e.model.dtype == DType::bf16 && ri.native_bf16);
+  // A decode step reads every weight once for the batch's B new tokens: as bf16 where oneDNN has
+  // bf16 kernels or the bf16 GEMV streams them (B <= Linear::gemv_max_rows()), else as f32.
+  const bool bf16_weights =
+      e.model.dtype == DType::bf16 && (ri.native_bf16 || B <= Linear::gemv_max_rows());
+  const int64_t step_bytes = decode_weight_bytes_per_step(L->model, B, bf16_weights);
   const double bound = bw.read_gbs > 0 ? static_cast<double>(B) * bw.read_gbs * 1e9 / static_cast<double>(step_bytes) : 0.0;
   if (!prefill.empty()) {
     const double p = median(prefill), d = median(decode);
@@ -221,7 +223,7 @@ int run_bench(const BenchArgs& a) {
                                   fmt(static_cast<double>(B * n) / d, 1, false) + " tokens/s"});
     if (bw.read_gbs > 0)
       rows.push_back({"decode bound", fmt_bytes(static_cast<double>(step_bytes)) +
-                                          " of weights read per step / " + fmt(bw.read_gbs, 1, false) +
+                                          (bf16_weights ? " of weights (bf16)" : " of weights") + " read per step / " + fmt(bw.read_gbs, 1, false) +
                                           " GB/s read -> at most " + fmt(bound, 1, false) +
                                           " tokens/s; decode at " +
                                           fmt(100.0 * static_cast<double>(B * n) / d / bound, 1, false) +
