@@ -41,9 +41,4 @@ Tensor Arena::get(ArenaSlot slot, const Shape& shape, DType dtype) {
 
 int64_t Arena::allocations() { return g_allocations.load(std::memory_order_relaxed); }
 
-void Arena::release() {
-  Buffer* bufs = buffers();
-  for (int i = 0; i < static_cast<int>(ArenaSlot::count); ++i) bufs[i] = Buffer{};
-}
-
 }  // namespace tessera::model

@@ -34,8 +34,6 @@ class Arena {
   static Tensor get(ArenaSlot slot, const Shape& shape, DType dtype = DType::f32);
   // Buffers this process's arenas have allocated (tests: steady passes allocate none).
   static int64_t allocations();
-  // Frees this thread's buffers (the next pass allocates them again).
-  static void release();
 };
 
 }  // namespace tessera::model

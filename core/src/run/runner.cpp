@@ -28,6 +28,10 @@ using json = nlohmann::json;
 
 namespace {
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 constexpr int kManifestFormat = 1;
 
 // One sequence ready for the model: an item's rows (all its plugins' rows, concatenated), or one
@@ -727,7 +731,7 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
   if (!seqs.empty() && task == TaskKind::generate) {
     const auto t_model = std::chrono::steady_clock::now();
     TSR_RETURN_IF_ERROR(generate_records(seqs, &records).with_prefix("batch " + std::to_string(k)));
-    model_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
+    model_seconds_ += seconds_since(t_model);
   } else if (!seqs.empty()) {
     // Place sequences: one per batch row, or packed first-fit into rows as long as the longest.
     int64_t T = 0;
@@ -804,7 +808,7 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
       Tensor logits;
       TSR_RETURN_IF_ERROR(model_->classify(pooled, &logits, &probs, fo));
     }
-    model_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
+    model_seconds_ += seconds_since(t_model);
     row_at = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       const Sequence& s = seqs[i];
@@ -989,11 +993,8 @@ Status Runner::finalize() {
 
 Result<RunSummary> Runner::run() {
   const auto t0 = std::chrono::steady_clock::now();
-  auto since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
   TSR_RETURN_IF_ERROR(setup());
-  summary_.setup_seconds = since(t0);
+  summary_.setup_seconds = seconds_since(t0);
   summary_.items = static_cast<int64_t>(items_.size());
   summary_.batches = batches_;
   if (complete_) {
@@ -1017,7 +1018,7 @@ Result<RunSummary> Runner::run() {
   for (size_t i = 0; i < todo.size(); ++i) {
     const auto t_wait = std::chrono::steady_clock::now();
     EncodedBatch eb = prefetch ? next.get() : encode_batch(todo[i]);
-    summary_.wait_seconds += since(t_wait);
+    summary_.wait_seconds += seconds_since(t_wait);
     if (prefetch && i + 1 < todo.size())
       next = std::async(std::launch::async, [this, k = todo[i + 1]] { return encode_batch(k); });
     failed += static_cast<int64_t>(eb.errors.size());
@@ -1032,7 +1033,7 @@ Result<RunSummary> Runner::run() {
   }
   TSR_RETURN_IF_ERROR(finalize());
   progress.update(summary_.items, summary_.failed, true);
-  summary_.seconds = since(t0);
+  summary_.seconds = seconds_since(t0);
   summary_.model_seconds = model_seconds_;
   return summary_;
 }
