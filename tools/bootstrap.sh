@@ -17,7 +17,7 @@ esac
 # Everything comes from Debian 12's own archive. libpng draws attention heatmaps; OpenCV and
 # libjpeg (image), libsndfile, libsoxr and FFTW (audio) are for the modality plugins; python3 is
 # not needed by the product, its build or its tests.
-packages=(build-essential cmake pkgconf libdnnl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+packages=(build-essential cmake pkgconf libdnnl-dev ocl-icd-opencl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
           libgtest-dev libgmock-dev libpng-dev libopencv-dev libjpeg-dev libsndfile1-dev
           libsoxr-dev libfftw3-dev)
 missing=()
