@@ -6,7 +6,7 @@ Developer-only (the build and the tests never need it). PyTorch 1.13 has no fuse
 (torch.nn.functional.scaled_dot_product_attention came in 2.0), so its attention is what
 transformers' eager code does: softmax(q @ k.T * scale) @ v, the (N, N) matrix stored.
 
-  /work/venv-ref/bin/python tools/reference/bench_attention.py --tessera build/tessera \
+  .venv-ref/bin/python tools/reference/bench_attention.py --tessera build/tessera \
       --sizes 1024,2048,4096,8192,16384,32768 --plot docs/attention_scaling.png
 
 Prints a table (median ms, GFLOP/s, extra MiB) and writes the plot: latency and extra memory

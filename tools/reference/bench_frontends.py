@@ -7,7 +7,7 @@ prints both rates and their ratio. Rounds alternate between the two so machine n
 the figures are medians over rounds. Developer tool: the product, its build and its tests never
 need Python.
 
-    /work/venv-ref/bin/python tools/reference/bench_frontends.py --tessera build/tessera --rounds 3
+    .venv-ref/bin/python tools/reference/bench_frontends.py --tessera build/tessera --rounds 3
 
 Needs transformers (4.40.2 was used), tokenizers, Pillow, NumPy and torch. The references:
   image/vit224    PIL open + exif_transpose + convert("RGB"), ViTImageProcessor(), 16x16 patches (NumPy)

@@ -6,7 +6,7 @@ folder exists): it reads only `model/` (safetensors, config.json) and each refer
 checks every reference tensor at 1e-4, as the C++ tests do. It documents, in a few lines per
 family, what a reimplementation has to do; it is not used by the product or its tests.
 
-    /work/venv-ref/bin/python tools/reference/check_hf_fixtures.py [MINILM_DIR]
+    .venv-ref/bin/python tools/reference/check_hf_fixtures.py [MINILM_DIR]
 
 Needs NumPy, SciPy (erf) and torch (only to read bfloat16 safetensors).
 """

@@ -15,7 +15,7 @@ Both sides get the same shapes and thread count; token ids are random on both (v
 change the work). Prints medians (seconds) and the ratio PyTorch / Tessera (> 1: Tessera is
 faster). Developer tool: the product, its build and its tests never need Python.
 
-    /work/venv-ref/bin/python tools/reference/compare_hf_torch.py --tessera build/release/tessera --threads 2
+    .venv-ref/bin/python tools/reference/compare_hf_torch.py --tessera build/release/tessera --threads 2
 
 PyTorch must use an optimised BLAS (libopenblas0-pthread); the script refuses to run when torch's
 2048^3 matmul is below 20 GFLOP/s, which would flatter Tessera.

@@ -34,7 +34,7 @@ stops with exit code 1 when a max |diff| is above the case's stated tolerance.
 
 Developer tool: the product, its build and its tests never need Python.
 
-    /work/venv-ref/bin/python tools/reference/compare_speed.py --tessera build/tessera --threads 2
+    .venv-ref/bin/python tools/reference/compare_speed.py --tessera build/tessera --threads 2
 
 PyTorch must use an optimised BLAS (libopenblas0-pthread); the script refuses to run when torch's
 2048^3 matmul is below 20 GFLOP/s, which would flatter Tessera.

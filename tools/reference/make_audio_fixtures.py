@@ -8,7 +8,7 @@ HF ASTPatchEmbeddings' patches. Developer tool only; the build and the tests nev
 Needs Debian packages pocketsphinx-testdata, alsa-utils, sound-theme-freedesktop, espeak-ng, and a
 Python with numpy, torch, transformers, openai-whisper, scipy, soxr, soundfile and torchaudio's
 compliance/kaldi.py (see tests/data/audio/README.md for the exact environment). Run from the
-repository root:  /work/venv-audio/bin/python tools/reference/make_audio_fixtures.py
+repository root:  .venv-audio/bin/python tools/reference/make_audio_fixtures.py
 """
 import importlib.util
 import json

@@ -9,7 +9,7 @@ embeddings, every block's output, the final hidden state, pooled outputs and log
 tests/data/hf/<family>/{model/, reference.safetensors, reference.json, README.md}.
 Developer tool only: the product, its build and its tests never run Python.
 
-    /work/venv-ref/bin/python tools/reference/make_hf_fixtures.py [family ...]
+    .venv-ref/bin/python tools/reference/make_hf_fixtures.py [family ...]
 
 Needs transformers 4.40.2, torch 1.13, tokenizers 0.19.1, safetensors, numpy, Pillow (no
 torchaudio: ASTFeatureExtractor then uses its NumPy path). Deterministic: rerunning rewrites the
@@ -46,7 +46,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "data" / "hf"
 TEXT = ROOT / "tests" / "data" / "text"
 CORPUS = TEXT / "corpus.txt"
-COMMAND = "/work/venv-ref/bin/python tools/reference/make_hf_fixtures.py"
+COMMAND = ".venv-ref/bin/python tools/reference/make_hf_fixtures.py"
 
 SEEDS = {"bert": 20240701, "gpt2": 20240702, "vit": 20240703, "esm": 20240704, "ast": 20240705}
 

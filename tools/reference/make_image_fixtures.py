@@ -3,7 +3,7 @@
 # them — Hugging Face image processors' pixel_values, PIL's decoded RGB, a Conv2d over the patches.
 # Developer-run only (see tests/data/image/README.md); the C++ tests never run Python.
 #
-#   /work/venv-ref/bin/python tools/reference/make_image_fixtures.py
+#   .venv-ref/bin/python tools/reference/make_image_fixtures.py
 #
 # Needs Pillow, NumPy, torch and transformers (the reference venv), and the Debian packages
 # python3-skimage and opencv-doc for the source photos. Deterministic: rerunning rewrites the same

@@ -9,7 +9,7 @@ modules.json, 1_Pooling/config.json and Normalize module say). It does not downl
 does not ship the weights. Developer tool only: the product, its build and its tests never run Python.
 
     tools/setup_minilm.sh
-    /work/venv-ref/bin/python tools/reference/make_minilm_reference.py [MODEL_DIR]
+    .venv-ref/bin/python tools/reference/make_minilm_reference.py [MODEL_DIR]
 
 With sentence-transformers importable (see tests/data/hf/minilm/README.md) it also encodes the
 sentences with SentenceTransformer(MODEL_DIR) and records the largest difference.

