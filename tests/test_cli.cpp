@@ -362,8 +362,70 @@ TEST(Cli, HelpForEverySubcommand) {
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_TRUE(has(r.out, "Usage")) << sub << ": " << r.out;
   }
+}
+
+// Bare `tessera`: the help, with example command lines, on stdout and exit code 0.
+TEST(Cli, BareTesseraPrintsHelpWithExamples) {
   const Ran none = run_cli("");
-  EXPECT_EQ(none.code, 2);
+  EXPECT_EQ(none.code, 0) << none.err;
+  EXPECT_TRUE(has(none.out, "Usage")) << none.out;
+  EXPECT_TRUE(has(none.out, "Examples:")) << none.out;
+  EXPECT_TRUE(has(none.out, "tessera run configs/experiments/quickstart.yaml")) << none.out;
+  EXPECT_TRUE(has(none.out, "tessera check ")) << none.out;
+  EXPECT_TRUE(none.err.empty()) << none.err;
+  const Ran help = run_cli("--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_EQ(help.out, none.out);
+}
+
+TEST(Cli, VersionFlagAndSubcommandAgree) {
+  const Ran flag = run_cli("--version");
+  EXPECT_EQ(flag.code, 0) << flag.err;
+  EXPECT_EQ(flag.out.rfind("tessera ", 0), 0u) << flag.out;
+  EXPECT_TRUE(has(flag.out, "oneDNN ")) << flag.out;
+  const Ran sub = run_cli("version");
+  EXPECT_EQ(sub.code, 0) << sub.err;
+  EXPECT_EQ(sub.out, flag.out);
+}
+
+// A mistyped subcommand or option: the nearest one by edit distance, exit code 2, nothing run.
+TEST(Cli, UsageErrorsSuggestTheNearestSubcommandOrOption) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"runn configs/examples/red_ball_rolls.yaml",
+       "tessera: unknown subcommand 'runn'. Did you mean 'run'?"},
+      {"chekc configs/examples/red_ball_rolls.yaml",
+       "tessera: unknown subcommand 'chekc'. Did you mean 'check'?"},
+      {"--verison", "tessera: unknown option '--verison'. Did you mean '--version'?"},
+      {"run configs/examples/red_ball_rolls.yaml --batchsize 4",
+       "tessera run: unknown option '--batchsize'. Did you mean '--batch-size'?"},
+      {"run --batch-sise=4 configs/examples/red_ball_rolls.yaml",
+       "tessera run: unknown option '--batch-sise'. Did you mean '--batch-size'?"},
+      {"generate configs/examples/generate_tiny.yaml --promt hello",
+       "tessera generate: unknown option '--promt'. Did you mean '--prompt'?"},
+      {"bench --plugin", "tessera bench: unknown option '--plugin'. Did you mean '--plugins'?"},
+      {"check configs/examples/red_ball_rolls.yaml -set model.n_layers=2",
+       "tessera check: unknown option '-set'. Did you mean '--set'?"},
+      {"check configs/examples/red_ball_rolls.yaml configs/examples/scaling.yaml",
+       "tessera check: unexpected argument 'configs/examples/scaling.yaml'"},
+  };
+  for (const auto& [args, msg] : cases) {
+    const Ran r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_TRUE(has(r.err, msg)) << args << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << args << "\n" << r.out;
+  }
+  // Nothing near: the list to choose from.
+  const Ran far = run_cli("frobnicate");
+  EXPECT_EQ(far.code, 2);
+  EXPECT_TRUE(
+      has(far.err, "tessera: unknown subcommand 'frobnicate'; the subcommands are: run, generate, check"))
+      << far.err;
+  EXPECT_TRUE(has(far.err, "Run `tessera --help`")) << far.err;
+  const Ran opt = run_cli("check configs/examples/red_ball_rolls.yaml --zzzzzz");
+  EXPECT_EQ(opt.code, 2);
+  EXPECT_TRUE(
+      has(opt.err, "tessera check: unknown option '--zzzzzz'; see `tessera check --help` for its options"))
+      << opt.err;
 }
 
 TEST(Cli, SchemaMarkdownIsTheDocumentedTable) {

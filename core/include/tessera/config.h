@@ -312,6 +312,11 @@ struct KeySpec {
 const std::vector<KeySpec>& config_schema();
 std::string schema_markdown();  // the generated table in docs/CONFIG.md
 
+// The candidate nearest to `word` by edit distance (a swap of two neighbours is one edit), or ""
+// when none is near enough to suggest: the "did you mean" of config errors, which `tessera` also
+// gives for a mistyped subcommand or option.
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates);
+
 // Names for the enums, as written in YAML.
 const char* arch_name(Arch a);
 const char* norm_name(NormPlacement n);

@@ -1561,6 +1561,10 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
 // ---------------------------------------------------------------------------------------------
 // The public side of the schema.
 
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates) {
+  return config::nearest(word, candidates);
+}
+
 const std::vector<KeySpec>& config_schema() {
   static const std::vector<KeySpec> specs = [] {
     std::vector<KeySpec> out;
