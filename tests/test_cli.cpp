@@ -140,8 +140,11 @@ TEST(Cli, CheckEncodesAPluginExperimentsFirstItems) {
   // Plugins that do not fit the model: the layout in the message, exit code 2.
   const Ran fit = run_cli("check configs/experiments/quickstart.yaml --set model.stem.vocab_size=30522");
   EXPECT_EQ(fit.code, 2);
-  EXPECT_TRUE(has(fit.err, "model.stem.vocab_size: the token plugins' ids take 30555 embedding rows (text 0..30521, "
-                           "protein 30522..30554), more than vocab_size 30522")) << fit.err;
+  EXPECT_TRUE(has(fit.err,
+                  "--set model.stem.vocab_size=30522, column 12: model.stem.vocab_size: the token plugins' "
+                  "ids take 30555 embedding rows (text 0..30521, protein 30522..30554), more than vocab_size "
+                  "30522"))
+      << fit.err;
   EXPECT_TRUE(has(fit.err, "1 problem(s) between the plugins and the model")) << fit.err;
 }
 
@@ -191,6 +194,39 @@ TEST(Cli, WeightsThatDoNotFitAreRefusedBeforeRunning) {
   const Ran r = run_cli("check configs/examples/red_ball_rolls.yaml --set 'model.weights.inline.blocks.0.attn.w_v=[[1, 0], [0, 2]]'");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.err, "tensor \"blocks.0.attn.w_v\" has shape (2, 2) but the model expects (3, 2)")) << r.err;
+}
+
+// --set reaches list entries by index, and its errors name the argument and the column in it.
+TEST(Cli, SetReachesListEntriesAndNamesItsArgumentInErrors) {
+  const std::string q =
+      "tokenize configs/experiments/quickstart.yaml --plugin 3 --text MKTAYIAKQRQISFVKSHFSRQ";
+  const Ran full = run_cli(q);
+  ASSERT_EQ(full.code, 0) << full.err;
+  EXPECT_TRUE(has(full.out, "# <text>: 24 rows of token ids")) << full.out;  // <cls>, 22 residues, <eos>
+  for (const char* set : {"plugins.3.options.max_length=8", "plugins[3].options.max_length=8",
+                          "'plugins.3.options={max_length: 8}'"}) {
+    const Ran cut = run_cli(q + " --set " + set);
+    ASSERT_EQ(cut.code, 0) << set << "\n" << cut.err;
+    EXPECT_TRUE(has(cut.out, "# <text>: 8 rows of token ids")) << set << "\n" << cut.out;
+  }
+  const Ran range = run_cli(q + " --set plugins.7.options.max_length=64");
+  EXPECT_EQ(range.code, 2);
+  EXPECT_TRUE(has(range.err,
+                  "--set plugins.7.options.max_length=64, column 9: index 7 is out of range (plugins has 4 "
+                  "entries)"))
+      << range.err;
+  const Ran value = run_cli(q + " --set plugins.3.options.max_length=lots");
+  EXPECT_EQ(value.code, 2);
+  EXPECT_TRUE(
+      has(value.err, "--set plugins.3.options.max_length=lots, column 30: plugins[3].options.max_length: "))
+      << value.err;
+  const Ran key = run_cli(q + " --set plugins.3.options.max_lenght=8");
+  EXPECT_EQ(key.code, 2);
+  EXPECT_TRUE(has(key.err,
+                  "--set plugins.3.options.max_lenght=8, column 19: plugins[3].options.max_lenght: unknown "
+                  "option of plugin protein (did you mean `max_length`?)"))
+      << key.err;
+  for (const Ran* r : {&range, &value, &key}) EXPECT_FALSE(has(r->err, "<--set>")) << r->err;
 }
 
 TEST(Cli, WeightsFileProblemsPointAtTheYamlKey) {

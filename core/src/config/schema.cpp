@@ -294,7 +294,7 @@ bool read_number(const Node& n, const std::string& key, WalkContext& c, const st
   }
   if (!r.ok) {
     Location at = n.pos.location();
-    if (at.line > 0) at.col += static_cast<int>(r.error_offset) + (n.plain ? 0 : 1);
+    if (at.col > 0) at.col += static_cast<int>(r.error_offset) + (n.plain ? 0 : 1);
     constexpr size_t kShown = 40;
     const std::string text = n.text.size() > kShown ? n.text.substr(0, kShown) + "..." : n.text;
     c.error(at, key, entry + ": bad expression \"" + text + "\": " + r.error);
