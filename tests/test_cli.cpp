@@ -613,6 +613,33 @@ TEST(Cli, GenerateSamplesReproduciblyFromASeed) {
   EXPECT_NE(ids("--repetition-penalty 1.5"), greedy);               // the prompt's bytes lose ground
 }
 
+// A stop the user asks for (--stop-id, task.generate.stop_ids) finishes with "stop", as a stop
+// string does; "eos" is kept for the model's own end of sequence (the tokenizer's EOS).
+TEST(Cli, GenerateStopIdFinishesWithStop) {
+  const std::string base = "generate " + kTiny +
+                           " --prompt 'Once upon a time' --max-new-tokens 12 --json --set "
+                           "'task.generate.stop=[]'";
+  const Ran free = run_cli(base + " --set 'task.generate.stop_ids=[]'");
+  ASSERT_EQ(free.code, 0) << free.err;
+  const std::vector<nlohmann::json> all = json_lines(free.out);
+  ASSERT_EQ(all.size(), 1u);
+  const std::vector<int> ids = all[0]["ids"].get<std::vector<int>>();
+  ASSERT_EQ(ids.size(), 12u);
+  const int stop = ids[5];
+  const std::vector<int> upto(ids.begin(), std::find(ids.begin(), ids.end(), stop) + 1);
+  for (const std::string& how : {" --stop-id " + std::to_string(stop),
+                                 " --set 'task.generate.stop_ids=[" + std::to_string(stop) + "]'"}) {
+    const Ran r = run_cli(base + how);
+    ASSERT_EQ(r.code, 0) << how << "\n" << r.err;
+    const std::vector<nlohmann::json> got = json_lines(r.out);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0]["finish_reason"], "stop") << how;
+    EXPECT_EQ(got[0]["ids"].get<std::vector<int>>(), upto) << how;
+    EXPECT_TRUE(has(r.err, "generate: --prompt 1: " + std::to_string(upto.size()) + " new tokens (stop)"))
+        << r.err;
+  }
+}
+
 TEST(Cli, GenerateStopsWhereThePositionsEndAndSaysSo) {
   const Ran r = run_cli("generate " + kTiny + " --prompt 'Once upon a time' --max-new-tokens 10 --json --set "
                         "model.positions.max_len=20 --set 'task.generate.stop=[]' --set 'task.generate.stop_ids=[]'");

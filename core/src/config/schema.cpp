@@ -1171,11 +1171,12 @@ std::vector<KeyRule> build_rules() {
                               "generate: an item stops when its completion contains one of these; the "
                               "completion is cut before it",
                               FIELD(task.generate.stop)));
-  r.push_back(int_list_key("task.generate.stop_ids", kNonNegative,
-                           "generate: an item stops after generating one of these tokens (e.g. GPT-2's 50256); the "
-                           "plugin's own EOS joins them when it ends the prompt",
-                           nullptr, [](Experiment& e) -> std::vector<int64_t>& { return e.task.generate.stop_ids; },
-                           [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.generate.stop_ids; }));
+  r.push_back(int_list_key(
+      "task.generate.stop_ids", kNonNegative,
+      "generate: an item stops after generating one of these tokens (e.g. GPT-2's 50256), with "
+      "finish_reason stop; the plugin's own EOS, when it ends the prompt, stops it with eos",
+      nullptr, [](Experiment& e) -> std::vector<int64_t>& { return e.task.generate.stop_ids; },
+      [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.generate.stop_ids; }));
   r.push_back(string_key("outputs.dir", "runs/<experiment name>",
                          "the run folder, relative to the current directory", FIELD(outputs.dir)));
   r.push_back(bool_key("outputs.provenance", "true", "write each row's provenance (rows.jsonl)",
