@@ -391,6 +391,37 @@ TEST(Cli, RunAnAstFolderGivesTheReferencePooledVectors) {
   std::filesystem::remove_all(dir);
 }
 
+// A FASTA file through the protein plugin: each record is its own input, as `tessera run` reads
+// it, shown under its id and name; a file of one bare sequence is one input.
+TEST(Cli, TokenizeShowsEachRecordOfAFastaFile) {
+  const std::string dir = ::testing::TempDir() + "tessera_cli_fasta." + std::to_string(getpid()) + "/";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "two.fasta") << ">first the first record\nMKT\nAY\n>second\nLV\n";
+  std::ofstream(dir + "bare.txt") << "MKTAY\n";
+  const std::string q = "tokenize configs/experiments/quickstart.yaml --plugin 3 --input ";
+  const Ran r = run_cli(q + dir + "two.fasta");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "# two.fasta#1 (first): 7 rows of token ids")) << r.out;  // <cls> M K T A Y <eos>
+  EXPECT_TRUE(has(r.out, "# two.fasta#2 (second): 4 rows of token ids")) << r.out;
+  EXPECT_TRUE(has(r.out, "decoded: MKTAY\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "decoded: LV\n")) << r.out;
+  EXPECT_LT(r.out.find("two.fasta#1"), r.out.find("two.fasta#2"));
+  // The real sample: 300 records, each shown.
+  const Ran sample = run_cli(q + "tests/data/protein/uniprot_sample.fasta");
+  ASSERT_EQ(sample.code, 0) << sample.err;
+  EXPECT_TRUE(has(sample.out, "# uniprot_sample.fasta#300 (")) << sample.out.substr(0, 2000);
+  const Ran bare = run_cli(q + dir + "bare.txt");
+  ASSERT_EQ(bare.code, 0) << bare.err;
+  EXPECT_TRUE(has(bare.out, "# " + dir + "bare.txt: 7 rows of token ids")) << bare.out;
+  // A broken record names itself, and the others are still shown.
+  std::ofstream(dir + "broken.fasta") << ">good\nMKT\n>bad\nMK7T\n";
+  const Ran broken = run_cli(q + dir + "broken.fasta");
+  EXPECT_EQ(broken.code, 2);
+  EXPECT_TRUE(has(broken.out, "# broken.fasta#1 (good): 5 rows of token ids")) << broken.out;
+  EXPECT_TRUE(has(broken.err, "tessera tokenize: broken.fasta#2 (bad): ")) << broken.err;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, HelpForEverySubcommand) {
   for (const char* sub : {"check", "explain", "forward", "bench", "export", "schema", "version", "search",
                           "generate"}) {
