@@ -23,7 +23,17 @@ namespace tessera::cli {
 
 namespace fs = std::filesystem;
 
-std::string default_bench_data_dir() { return std::string(TESSERA_SOURCE_DIR) + "/tests/data"; }
+std::string default_bench_data_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::weakly_canonical(fs::read_symlink("/proc/self/exe", ec), ec);
+  const fs::path tree = fs::weakly_canonical(TESSERA_BUILD_DIR, ec);
+  const bool in_tree = !exe.empty() && !tree.empty() &&
+                       std::mismatch(tree.begin(), tree.end(), exe.begin(), exe.end()).first == tree.end();
+  // The tool in its build tree reads the sources' files; an installed one, the copies installed
+  // with it (<prefix>/share/tessera/bench-data), wherever the prefix went.
+  if (in_tree || exe.empty()) return std::string(TESSERA_SOURCE_DIR) + "/tests/data";
+  return (exe.parent_path() / TESSERA_BENCH_DATA_FROM_BIN).lexically_normal().string();
+}
 
 namespace {
 
