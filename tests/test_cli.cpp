@@ -267,7 +267,7 @@ TEST(Cli, BenchPluginsGivesEachFrontEndAPositiveRate) {
   while (std::getline(lines, line) && line.rfind("case ", 0) != 0) {
   }
   const std::regex row(
-      R"(^(\S+) +(.+?) +([0-9.]+) ms +([0-9.,]+) +([0-9,]+) +([0-9.,]+) (images/s|s of audio/s|MB/s)$)");
+      R"(^(\S+) +(.+?) +([0-9.]+) ms +([0-9.,]+) +([0-9,]+) +([0-9.,]+) (images/s|s of audio/s|MB/s) +([0-9.]+)x$)");
   std::map<std::string, std::string> units;  // case -> rate unit
   while (std::getline(lines, line) && !line.empty()) {
     std::smatch m;
@@ -280,6 +280,7 @@ TEST(Cli, BenchPluginsGivesEachFrontEndAPositiveRate) {
     EXPECT_GT(number(m[4]), 0) << line;  // items/s
     EXPECT_GT(number(m[5]), 0) << line;  // rows/s
     EXPECT_GT(number(m[6]), 0) << line;  // the modality's rate
+    EXPECT_EQ(number(m[8]), 1.0) << line;  // one pass: no spread
     EXPECT_TRUE(units.emplace(m[1], m[7]).second) << "twice: " << line;
   }
   const std::map<std::string, std::string> expected = {
@@ -296,11 +297,13 @@ TEST(Cli, BenchPluginsGivesEachFrontEndAPositiveRate) {
   ASSERT_TRUE(f.good()) << json;
   const nlohmann::json j = nlohmann::json::parse(f);
   EXPECT_EQ(j["threads"], 1);
+  EXPECT_EQ(j["warnings"].size(), 0u);
   ASSERT_EQ(j["cases"].size(), expected.size());
   for (const auto& c : j["cases"]) {
     EXPECT_GT(c["rate"].get<double>(), 0) << c.dump();
     EXPECT_GT(c["items_per_s"].get<double>(), 0) << c.dump();
     EXPECT_EQ(c["times_s"].size(), 1u) << c.dump();
+    EXPECT_EQ(c["spread"], 1.0) << c.dump();
     // Sizes, not speeds: one image, the clip's 2.99 s (47,840 samples at 16 kHz), the corpus's lines.
     if (c["case"] == "image/vit224") {
       EXPECT_EQ(c["items_per_pass"], 1);
@@ -776,6 +779,29 @@ TEST(Cli, BenchTimesPrefillAndDecodeForLanguageModels) {
   EXPECT_TRUE(has(r.out, "s to the end of the first forward: ")) << r.out;
   EXPECT_GT(j["first_forward_s"].get<double>(), 0);
   EXPECT_NEAR(j["load_s"].get<double>(), j["load_ready_s"].get<double>() + j["first_forward_s"].get<double>(), 1e-9);
+  // Each figure with the spread of its runs (slowest / fastest), and a warning for each wide one.
+  EXPECT_TRUE(has(r.out, "latency median ")) << r.out;
+  EXPECT_EQ(j["spread_limit"], 1.25);
+  const std::vector<double> times = j["times_s"].get<std::vector<double>>();
+  EXPECT_EQ(j["min_s"], *std::min_element(times.begin(), times.end()));
+  EXPECT_EQ(j["max_s"], *std::max_element(times.begin(), times.end()));
+  EXPECT_NEAR(j["spread"].get<double>(), j["max_s"].get<double>() / j["min_s"].get<double>(), 1e-12);
+  size_t wide = 0;
+  for (const char* key : {"spread", "prefill_spread", "decode_spread"}) {
+    ASSERT_TRUE(j.contains(key)) << key;
+    EXPECT_GE(j[key].get<double>(), 1.0) << key;
+    wide += j[key].get<double>() > 1.25;
+  }
+  ASSERT_TRUE(j["warnings"].is_array());
+  EXPECT_EQ(j["warnings"].size(), wide) << j.dump(2);
+  for (const auto& w : j["warnings"]) EXPECT_TRUE(has(r.out, w.get<std::string>())) << r.out;
+  for (const char* row : {"latency", "prefill", "decode"}) {
+    std::istringstream lines(r.out);
+    bool seen = false;
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind(row, 0) == 0) seen = seen || line.find("x (slowest / fastest)") != std::string::npos;
+    EXPECT_TRUE(seen) << row << "\n" << r.out;
+  }
   std::remove(json.c_str());
   // Only as many tokens as the positions hold after the prompt; none for a model that is no
   // language model.
@@ -784,6 +810,23 @@ TEST(Cli, BenchTimesPrefillAndDecodeForLanguageModels) {
   const Ran encoder = run_cli("bench configs/examples/exercise_n5.yaml --reps 1 --warmup 0 --no-peak");
   ASSERT_EQ(encoder.code, 0) << encoder.err;
   EXPECT_FALSE(has(encoder.out, "prefill")) << encoder.out;
+}
+
+// One attention op: its latency with the spread of its runs, and a warning for each wide one.
+TEST(Cli, BenchAttentionGivesTheSpreadOfItsRuns) {
+  const std::string json =
+      ::testing::TempDir() + "tessera_cli_bench_attention_" + std::to_string(getpid()) + ".json";
+  const Ran r = run_cli("bench --attention 64 --reps 3 --warmup 1 --json " + json);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, " (slowest / fastest)  (3 runs after 1 warm-up)")) << r.out;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  const std::vector<double> t = j["times_s"].get<std::vector<double>>();
+  ASSERT_EQ(t.size(), 3u);
+  const double spread = *std::max_element(t.begin(), t.end()) / *std::min_element(t.begin(), t.end());
+  EXPECT_NEAR(j["spread"].get<double>(), spread, 1e-12);
+  EXPECT_EQ(j["warnings"].size(), spread > 1.25 ? 1u : 0u);
+  std::remove(json.c_str());
 }
 
 // Without --no-peak the bench also measures the machine (matmul, FMA, memory bandwidth: a few
@@ -800,6 +843,11 @@ TEST(Cli, BenchMeasuresTheMachinesPeaksAndTheDecodeBound) {
                           "bandwidth_read_gbs", "bandwidth_triad_gbs", "decode_bound_tokens_per_s",
                           "decode_fraction_of_bound"})
     EXPECT_GT(j.at(key).get<double>(), 0) << key;
+  // The peaks' own runs have their spread too (5 each).
+  for (const char* key : {"matmul_peak_spread", "fma_peak_spread", "bandwidth_spread"})
+    EXPECT_GE(j.at(key).get<double>(), 1.0) << key;
+  for (const char* row : {"matmul peak", "FMA peak", "memory bandwidth"}) EXPECT_TRUE(has(r.out, row)) << row;
+  EXPECT_TRUE(has(r.out, "median of 5, spread ")) << r.out;
   EXPECT_GE(j["bandwidth_bytes"].get<int64_t>(), int64_t{500} << 20);
   EXPECT_FALSE(j["fma_isa"].get<std::string>().empty());
   // The tiny decoder (tied head, learned positions): every parameter once, but one row of the
