@@ -1,8 +1,10 @@
 // `tessera bench`'s machine measurements (tools/tessera/bench_machine.h): the FMA peak and the
 // memory bandwidth come back positive and finite (tiny sizes; nothing about speed is asserted),
-// and a decode step's weight bytes follow the rule the header states, on small decoders.
+// and a decode step's weight bytes follow the rule the header states, on small decoders; the
+// spread of a figure's runs and the warning when it is wide.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "bench_machine.h"
@@ -72,8 +74,16 @@ TEST(BenchMachine, FmaPeakIsPositiveAndFinite) {
   }
 }
 
+TEST(BenchMachine, FmaPeakKeepsEveryTrial) {
+  const FmaPeak p = measure_fma_peak(1, 0.002, 3);
+  ASSERT_EQ(p.trials.size(), 3u);
+  EXPECT_EQ(*std::max_element(p.trials.begin(), p.trials.end()), p.gflops);
+}
+
 TEST(BenchMachine, BandwidthIsPositiveAndFinite) {
   const Bandwidth b = measure_bandwidth(2, int64_t{6} << 20, 1);
+  ASSERT_EQ(b.read_trials.size(), 1u);
+  EXPECT_EQ(b.read_trials[0], b.read_gbs);
   EXPECT_GT(b.read_gbs, 0);
   EXPECT_TRUE(std::isfinite(b.read_gbs));
   EXPECT_GT(b.triad_gbs, 0);
@@ -116,4 +126,40 @@ TEST(BenchMachine, DecodeCountsMatmulWeightsInBf16WhenTheKernelsHoldThem) {
     if (t.rank() == 2) matrices += static_cast<int64_t>(t.nbytes());
   EXPECT_GT(matrices, 0);
   EXPECT_EQ(decode_weight_bytes_per_step(m, 1, true), parameter_bytes(m) - matrices / 2);
+}
+
+// The spread of a figure's runs and the warning `tessera bench` prints when it is wide: the
+// decision and the text, on made-up runs (nothing is timed).
+TEST(BenchSpread, MinMedianMaxAndTheirRatio) {
+  const Spread s = spread_of({3.0, 1.0, 2.0});
+  EXPECT_EQ(s.runs, 3);
+  EXPECT_EQ(s.min, 1.0);
+  EXPECT_EQ(s.median, 2.0);
+  EXPECT_EQ(s.max, 3.0);
+  EXPECT_EQ(s.ratio(), 3.0);
+  EXPECT_EQ(spread_of({4.0, 1.0, 2.0, 3.0}).median, 2.5);
+  const Spread one = spread_of({0.5});
+  EXPECT_EQ(one.runs, 1);
+  EXPECT_EQ(one.ratio(), 1.0);
+  EXPECT_EQ(spread_of({}).runs, 0);
+  EXPECT_EQ(spread_of({}).ratio(), 1.0);
+  EXPECT_TRUE(std::isinf(spread_of({0.0, 1.0}).ratio()));  // a run too short to time
+  EXPECT_EQ(spread_text(spread_of({1.0, 1.3})), "spread 1.30x");
+  EXPECT_EQ(spread_ratio(spread_of({2.0, 5.0})), "2.50x");
+}
+
+TEST(BenchSpread, WarnsOnlyAboveTheLimit) {
+  EXPECT_EQ(kSpreadLimit, 1.25);
+  EXPECT_EQ(spread_warning("the forward pass", spread_of({1.0, 1.1, 1.2})), "");
+  EXPECT_EQ(spread_warning("the forward pass", spread_of({1.0, 1.25})), "");  // at the limit: fine
+  EXPECT_EQ(spread_warning("the forward pass", spread_of({2.0})), "");        // one run: no spread
+  EXPECT_EQ(
+      spread_warning("the forward pass", spread_of({1.0, 2.0, 5.0})),
+      "warning: the forward pass: its 3 runs spread 5.00x (slowest / fastest), more than 1.25x: the machine "
+      "was busy or changed its clock speed while measuring, so this figure and any % of peak or bound taken "
+      "from it are unreliable; measure again on an idle machine");
+  EXPECT_NE(spread_warning("decode", spread_of({1.0, 1.26})), "");
+  // Another limit, as given.
+  EXPECT_EQ(spread_warning("decode", spread_of({1.0, 1.26}), 1.5), "");
+  EXPECT_NE(spread_warning("decode", spread_of({1.0, 1.6}), 1.5).find("more than 1.50x"), std::string::npos);
 }

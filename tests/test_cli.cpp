@@ -140,8 +140,11 @@ TEST(Cli, CheckEncodesAPluginExperimentsFirstItems) {
   // Plugins that do not fit the model: the layout in the message, exit code 2.
   const Ran fit = run_cli("check configs/experiments/quickstart.yaml --set model.stem.vocab_size=30522");
   EXPECT_EQ(fit.code, 2);
-  EXPECT_TRUE(has(fit.err, "model.stem.vocab_size: the token plugins' ids take 30555 embedding rows (text 0..30521, "
-                           "protein 30522..30554), more than vocab_size 30522")) << fit.err;
+  EXPECT_TRUE(has(fit.err,
+                  "--set model.stem.vocab_size=30522, column 12: model.stem.vocab_size: the token plugins' "
+                  "ids take 30555 embedding rows (text 0..30521, protein 30522..30554), more than vocab_size "
+                  "30522"))
+      << fit.err;
   EXPECT_TRUE(has(fit.err, "1 problem(s) between the plugins and the model")) << fit.err;
 }
 
@@ -193,6 +196,39 @@ TEST(Cli, WeightsThatDoNotFitAreRefusedBeforeRunning) {
   EXPECT_TRUE(has(r.err, "tensor \"blocks.0.attn.w_v\" has shape (2, 2) but the model expects (3, 2)")) << r.err;
 }
 
+// --set reaches list entries by index, and its errors name the argument and the column in it.
+TEST(Cli, SetReachesListEntriesAndNamesItsArgumentInErrors) {
+  const std::string q =
+      "tokenize configs/experiments/quickstart.yaml --plugin 3 --text MKTAYIAKQRQISFVKSHFSRQ";
+  const Ran full = run_cli(q);
+  ASSERT_EQ(full.code, 0) << full.err;
+  EXPECT_TRUE(has(full.out, "# <text>: 24 rows of token ids")) << full.out;  // <cls>, 22 residues, <eos>
+  for (const char* set : {"plugins.3.options.max_length=8", "plugins[3].options.max_length=8",
+                          "'plugins.3.options={max_length: 8}'"}) {
+    const Ran cut = run_cli(q + " --set " + set);
+    ASSERT_EQ(cut.code, 0) << set << "\n" << cut.err;
+    EXPECT_TRUE(has(cut.out, "# <text>: 8 rows of token ids")) << set << "\n" << cut.out;
+  }
+  const Ran range = run_cli(q + " --set plugins.7.options.max_length=64");
+  EXPECT_EQ(range.code, 2);
+  EXPECT_TRUE(has(range.err,
+                  "--set plugins.7.options.max_length=64, column 9: index 7 is out of range (plugins has 4 "
+                  "entries)"))
+      << range.err;
+  const Ran value = run_cli(q + " --set plugins.3.options.max_length=lots");
+  EXPECT_EQ(value.code, 2);
+  EXPECT_TRUE(
+      has(value.err, "--set plugins.3.options.max_length=lots, column 30: plugins[3].options.max_length: "))
+      << value.err;
+  const Ran key = run_cli(q + " --set plugins.3.options.max_lenght=8");
+  EXPECT_EQ(key.code, 2);
+  EXPECT_TRUE(has(key.err,
+                  "--set plugins.3.options.max_lenght=8, column 19: plugins[3].options.max_lenght: unknown "
+                  "option of plugin protein (did you mean `max_length`?)"))
+      << key.err;
+  for (const Ran* r : {&range, &value, &key}) EXPECT_FALSE(has(r->err, "<--set>")) << r->err;
+}
+
 TEST(Cli, WeightsFileProblemsPointAtTheYamlKey) {
   // A checkpoint exported from one model (d_ff 8), loaded by a config with d_ff 4.
   const std::string dir = ::testing::TempDir();
@@ -231,7 +267,7 @@ TEST(Cli, BenchPluginsGivesEachFrontEndAPositiveRate) {
   while (std::getline(lines, line) && line.rfind("case ", 0) != 0) {
   }
   const std::regex row(
-      R"(^(\S+) +(.+?) +([0-9.]+) ms +([0-9.,]+) +([0-9,]+) +([0-9.,]+) (images/s|s of audio/s|MB/s)$)");
+      R"(^(\S+) +(.+?) +([0-9.]+) ms +([0-9.,]+) +([0-9,]+) +([0-9.,]+) (images/s|s of audio/s|MB/s) +([0-9.]+)x$)");
   std::map<std::string, std::string> units;  // case -> rate unit
   while (std::getline(lines, line) && !line.empty()) {
     std::smatch m;
@@ -244,6 +280,7 @@ TEST(Cli, BenchPluginsGivesEachFrontEndAPositiveRate) {
     EXPECT_GT(number(m[4]), 0) << line;  // items/s
     EXPECT_GT(number(m[5]), 0) << line;  // rows/s
     EXPECT_GT(number(m[6]), 0) << line;  // the modality's rate
+    EXPECT_EQ(number(m[8]), 1.0) << line;  // one pass: no spread
     EXPECT_TRUE(units.emplace(m[1], m[7]).second) << "twice: " << line;
   }
   const std::map<std::string, std::string> expected = {
@@ -260,11 +297,13 @@ TEST(Cli, BenchPluginsGivesEachFrontEndAPositiveRate) {
   ASSERT_TRUE(f.good()) << json;
   const nlohmann::json j = nlohmann::json::parse(f);
   EXPECT_EQ(j["threads"], 1);
+  EXPECT_EQ(j["warnings"].size(), 0u);
   ASSERT_EQ(j["cases"].size(), expected.size());
   for (const auto& c : j["cases"]) {
     EXPECT_GT(c["rate"].get<double>(), 0) << c.dump();
     EXPECT_GT(c["items_per_s"].get<double>(), 0) << c.dump();
     EXPECT_EQ(c["times_s"].size(), 1u) << c.dump();
+    EXPECT_EQ(c["spread"], 1.0) << c.dump();
     // Sizes, not speeds: one image, the clip's 2.99 s (47,840 samples at 16 kHz), the corpus's lines.
     if (c["case"] == "image/vit224") {
       EXPECT_EQ(c["items_per_pass"], 1);
@@ -355,6 +394,37 @@ TEST(Cli, RunAnAstFolderGivesTheReferencePooledVectors) {
   std::filesystem::remove_all(dir);
 }
 
+// A FASTA file through the protein plugin: each record is its own input, as `tessera run` reads
+// it, shown under its id and name; a file of one bare sequence is one input.
+TEST(Cli, TokenizeShowsEachRecordOfAFastaFile) {
+  const std::string dir = ::testing::TempDir() + "tessera_cli_fasta." + std::to_string(getpid()) + "/";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "two.fasta") << ">first the first record\nMKT\nAY\n>second\nLV\n";
+  std::ofstream(dir + "bare.txt") << "MKTAY\n";
+  const std::string q = "tokenize configs/experiments/quickstart.yaml --plugin 3 --input ";
+  const Ran r = run_cli(q + dir + "two.fasta");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "# two.fasta#1 (first): 7 rows of token ids")) << r.out;  // <cls> M K T A Y <eos>
+  EXPECT_TRUE(has(r.out, "# two.fasta#2 (second): 4 rows of token ids")) << r.out;
+  EXPECT_TRUE(has(r.out, "decoded: MKTAY\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "decoded: LV\n")) << r.out;
+  EXPECT_LT(r.out.find("two.fasta#1"), r.out.find("two.fasta#2"));
+  // The real sample: 300 records, each shown.
+  const Ran sample = run_cli(q + "tests/data/protein/uniprot_sample.fasta");
+  ASSERT_EQ(sample.code, 0) << sample.err;
+  EXPECT_TRUE(has(sample.out, "# uniprot_sample.fasta#300 (")) << sample.out.substr(0, 2000);
+  const Ran bare = run_cli(q + dir + "bare.txt");
+  ASSERT_EQ(bare.code, 0) << bare.err;
+  EXPECT_TRUE(has(bare.out, "# " + dir + "bare.txt: 7 rows of token ids")) << bare.out;
+  // A broken record names itself, and the others are still shown.
+  std::ofstream(dir + "broken.fasta") << ">good\nMKT\n>bad\nMK7T\n";
+  const Ran broken = run_cli(q + dir + "broken.fasta");
+  EXPECT_EQ(broken.code, 2);
+  EXPECT_TRUE(has(broken.out, "# broken.fasta#1 (good): 5 rows of token ids")) << broken.out;
+  EXPECT_TRUE(has(broken.err, "tessera tokenize: broken.fasta#2 (bad): ")) << broken.err;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, HelpForEverySubcommand) {
   for (const char* sub : {"check", "explain", "forward", "bench", "export", "schema", "version", "search",
                           "generate"}) {
@@ -362,8 +432,70 @@ TEST(Cli, HelpForEverySubcommand) {
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_TRUE(has(r.out, "Usage")) << sub << ": " << r.out;
   }
+}
+
+// Bare `tessera`: the help, with example command lines, on stdout and exit code 0.
+TEST(Cli, BareTesseraPrintsHelpWithExamples) {
   const Ran none = run_cli("");
-  EXPECT_EQ(none.code, 2);
+  EXPECT_EQ(none.code, 0) << none.err;
+  EXPECT_TRUE(has(none.out, "Usage")) << none.out;
+  EXPECT_TRUE(has(none.out, "Examples:")) << none.out;
+  EXPECT_TRUE(has(none.out, "tessera run configs/experiments/quickstart.yaml")) << none.out;
+  EXPECT_TRUE(has(none.out, "tessera check ")) << none.out;
+  EXPECT_TRUE(none.err.empty()) << none.err;
+  const Ran help = run_cli("--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_EQ(help.out, none.out);
+}
+
+TEST(Cli, VersionFlagAndSubcommandAgree) {
+  const Ran flag = run_cli("--version");
+  EXPECT_EQ(flag.code, 0) << flag.err;
+  EXPECT_EQ(flag.out.rfind("tessera ", 0), 0u) << flag.out;
+  EXPECT_TRUE(has(flag.out, "oneDNN ")) << flag.out;
+  const Ran sub = run_cli("version");
+  EXPECT_EQ(sub.code, 0) << sub.err;
+  EXPECT_EQ(sub.out, flag.out);
+}
+
+// A mistyped subcommand or option: the nearest one by edit distance, exit code 2, nothing run.
+TEST(Cli, UsageErrorsSuggestTheNearestSubcommandOrOption) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"runn configs/examples/red_ball_rolls.yaml",
+       "tessera: unknown subcommand 'runn'. Did you mean 'run'?"},
+      {"chekc configs/examples/red_ball_rolls.yaml",
+       "tessera: unknown subcommand 'chekc'. Did you mean 'check'?"},
+      {"--verison", "tessera: unknown option '--verison'. Did you mean '--version'?"},
+      {"run configs/examples/red_ball_rolls.yaml --batchsize 4",
+       "tessera run: unknown option '--batchsize'. Did you mean '--batch-size'?"},
+      {"run --batch-sise=4 configs/examples/red_ball_rolls.yaml",
+       "tessera run: unknown option '--batch-sise'. Did you mean '--batch-size'?"},
+      {"generate configs/examples/generate_tiny.yaml --promt hello",
+       "tessera generate: unknown option '--promt'. Did you mean '--prompt'?"},
+      {"bench --plugin", "tessera bench: unknown option '--plugin'. Did you mean '--plugins'?"},
+      {"check configs/examples/red_ball_rolls.yaml -set model.n_layers=2",
+       "tessera check: unknown option '-set'. Did you mean '--set'?"},
+      {"check configs/examples/red_ball_rolls.yaml configs/examples/scaling.yaml",
+       "tessera check: unexpected argument 'configs/examples/scaling.yaml'"},
+  };
+  for (const auto& [args, msg] : cases) {
+    const Ran r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_TRUE(has(r.err, msg)) << args << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << args << "\n" << r.out;
+  }
+  // Nothing near: the list to choose from.
+  const Ran far = run_cli("frobnicate");
+  EXPECT_EQ(far.code, 2);
+  EXPECT_TRUE(
+      has(far.err, "tessera: unknown subcommand 'frobnicate'; the subcommands are: run, generate, check"))
+      << far.err;
+  EXPECT_TRUE(has(far.err, "Run `tessera --help`")) << far.err;
+  const Ran opt = run_cli("check configs/examples/red_ball_rolls.yaml --zzzzzz");
+  EXPECT_EQ(opt.code, 2);
+  EXPECT_TRUE(
+      has(opt.err, "tessera check: unknown option '--zzzzzz'; see `tessera check --help` for its options"))
+      << opt.err;
 }
 
 TEST(Cli, SchemaMarkdownIsTheDocumentedTable) {
@@ -515,6 +647,33 @@ TEST(Cli, GenerateSamplesReproduciblyFromASeed) {
   EXPECT_NE(ids("--repetition-penalty 1.5"), greedy);               // the prompt's bytes lose ground
 }
 
+// A stop the user asks for (--stop-id, task.generate.stop_ids) finishes with "stop", as a stop
+// string does; "eos" is kept for the model's own end of sequence (the tokenizer's EOS).
+TEST(Cli, GenerateStopIdFinishesWithStop) {
+  const std::string base = "generate " + kTiny +
+                           " --prompt 'Once upon a time' --max-new-tokens 12 --json --set "
+                           "'task.generate.stop=[]'";
+  const Ran free = run_cli(base + " --set 'task.generate.stop_ids=[]'");
+  ASSERT_EQ(free.code, 0) << free.err;
+  const std::vector<nlohmann::json> all = json_lines(free.out);
+  ASSERT_EQ(all.size(), 1u);
+  const std::vector<int> ids = all[0]["ids"].get<std::vector<int>>();
+  ASSERT_EQ(ids.size(), 12u);
+  const int stop = ids[5];
+  const std::vector<int> upto(ids.begin(), std::find(ids.begin(), ids.end(), stop) + 1);
+  for (const std::string& how : {" --stop-id " + std::to_string(stop),
+                                 " --set 'task.generate.stop_ids=[" + std::to_string(stop) + "]'"}) {
+    const Ran r = run_cli(base + how);
+    ASSERT_EQ(r.code, 0) << how << "\n" << r.err;
+    const std::vector<nlohmann::json> got = json_lines(r.out);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0]["finish_reason"], "stop") << how;
+    EXPECT_EQ(got[0]["ids"].get<std::vector<int>>(), upto) << how;
+    EXPECT_TRUE(has(r.err, "generate: --prompt 1: " + std::to_string(upto.size()) + " new tokens (stop)"))
+        << r.err;
+  }
+}
+
 TEST(Cli, GenerateStopsWhereThePositionsEndAndSaysSo) {
   const Ran r = run_cli("generate " + kTiny + " --prompt 'Once upon a time' --max-new-tokens 10 --json --set "
                         "model.positions.max_len=20 --set 'task.generate.stop=[]' --set 'task.generate.stop_ids=[]'");
@@ -620,6 +779,29 @@ TEST(Cli, BenchTimesPrefillAndDecodeForLanguageModels) {
   EXPECT_TRUE(has(r.out, "s to the end of the first forward: ")) << r.out;
   EXPECT_GT(j["first_forward_s"].get<double>(), 0);
   EXPECT_NEAR(j["load_s"].get<double>(), j["load_ready_s"].get<double>() + j["first_forward_s"].get<double>(), 1e-9);
+  // Each figure with the spread of its runs (slowest / fastest), and a warning for each wide one.
+  EXPECT_TRUE(has(r.out, "latency median ")) << r.out;
+  EXPECT_EQ(j["spread_limit"], 1.25);
+  const std::vector<double> times = j["times_s"].get<std::vector<double>>();
+  EXPECT_EQ(j["min_s"], *std::min_element(times.begin(), times.end()));
+  EXPECT_EQ(j["max_s"], *std::max_element(times.begin(), times.end()));
+  EXPECT_NEAR(j["spread"].get<double>(), j["max_s"].get<double>() / j["min_s"].get<double>(), 1e-12);
+  size_t wide = 0;
+  for (const char* key : {"spread", "prefill_spread", "decode_spread"}) {
+    ASSERT_TRUE(j.contains(key)) << key;
+    EXPECT_GE(j[key].get<double>(), 1.0) << key;
+    wide += j[key].get<double>() > 1.25;
+  }
+  ASSERT_TRUE(j["warnings"].is_array());
+  EXPECT_EQ(j["warnings"].size(), wide) << j.dump(2);
+  for (const auto& w : j["warnings"]) EXPECT_TRUE(has(r.out, w.get<std::string>())) << r.out;
+  for (const char* row : {"latency", "prefill", "decode"}) {
+    std::istringstream lines(r.out);
+    bool seen = false;
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind(row, 0) == 0) seen = seen || line.find("x (slowest / fastest)") != std::string::npos;
+    EXPECT_TRUE(seen) << row << "\n" << r.out;
+  }
   std::remove(json.c_str());
   // Only as many tokens as the positions hold after the prompt; none for a model that is no
   // language model.
@@ -628,6 +810,23 @@ TEST(Cli, BenchTimesPrefillAndDecodeForLanguageModels) {
   const Ran encoder = run_cli("bench configs/examples/exercise_n5.yaml --reps 1 --warmup 0 --no-peak");
   ASSERT_EQ(encoder.code, 0) << encoder.err;
   EXPECT_FALSE(has(encoder.out, "prefill")) << encoder.out;
+}
+
+// One attention op: its latency with the spread of its runs, and a warning for each wide one.
+TEST(Cli, BenchAttentionGivesTheSpreadOfItsRuns) {
+  const std::string json =
+      ::testing::TempDir() + "tessera_cli_bench_attention_" + std::to_string(getpid()) + ".json";
+  const Ran r = run_cli("bench --attention 64 --reps 3 --warmup 1 --json " + json);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, " (slowest / fastest)  (3 runs after 1 warm-up)")) << r.out;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  const std::vector<double> t = j["times_s"].get<std::vector<double>>();
+  ASSERT_EQ(t.size(), 3u);
+  const double spread = *std::max_element(t.begin(), t.end()) / *std::min_element(t.begin(), t.end());
+  EXPECT_NEAR(j["spread"].get<double>(), spread, 1e-12);
+  EXPECT_EQ(j["warnings"].size(), spread > 1.25 ? 1u : 0u);
+  std::remove(json.c_str());
 }
 
 // Without --no-peak the bench also measures the machine (matmul, FMA, memory bandwidth: a few
@@ -644,6 +843,11 @@ TEST(Cli, BenchMeasuresTheMachinesPeaksAndTheDecodeBound) {
                           "bandwidth_read_gbs", "bandwidth_triad_gbs", "decode_bound_tokens_per_s",
                           "decode_fraction_of_bound"})
     EXPECT_GT(j.at(key).get<double>(), 0) << key;
+  // The peaks' own runs have their spread too (5 each).
+  for (const char* key : {"matmul_peak_spread", "fma_peak_spread", "bandwidth_spread"})
+    EXPECT_GE(j.at(key).get<double>(), 1.0) << key;
+  for (const char* row : {"matmul peak", "FMA peak", "memory bandwidth"}) EXPECT_TRUE(has(r.out, row)) << row;
+  EXPECT_TRUE(has(r.out, "median of 5, spread ")) << r.out;
   EXPECT_GE(j["bandwidth_bytes"].get<int64_t>(), int64_t{500} << 20);
   EXPECT_FALSE(j["fma_isa"].get<std::string>().empty());
   // The tiny decoder (tied head, learned positions): every parameter once, but one row of the

@@ -313,7 +313,10 @@ TEST(Config, DiagnosticFormat) {
             "a.yaml:3:7: model.d_k: must be > 0, found 0 (say why)");
   EXPECT_EQ(one("a.yaml", 1, 2, "", "YAML syntax error: x", ""), "a.yaml:1:2: YAML syntax error: x");
   EXPECT_EQ(one("a.yaml", 0, 0, "", "cannot read file", ""), "a.yaml: cannot read file");
-  EXPECT_EQ(one("<--set>", 0, 2, "model.x", "unknown key", ""), "<--set>:0:2: model.x: unknown key");
+  EXPECT_EQ(one("--set model.x=1", 0, 7, "model.x", "unknown key", ""),
+            "--set model.x=1, column 7: model.x: unknown key");
+  EXPECT_EQ(one("--set model", 0, 0, "", "expected key.path=value", ""),
+            "--set model: expected key.path=value");
 
   Diagnostics d;
   d.add({"b.yaml", 1, 1}, "k", "four");
@@ -686,11 +689,13 @@ TEST(Config, OverridesSetKeys) {
   EXPECT_EQ(e.model.stem.scale, EmbedScale::sqrt_d_model);
   EXPECT_EQ(e.model.stem.vocab_size, 10);  // a mapping merges into the one in the file
   EXPECT_EQ(e.input.ids, (std::vector<int32_t>{1, 2}));
+  // An override's place is its argument, and the column of the key (or value) in it.
   const Location at = e.where("model.n_layers");
-  EXPECT_EQ(at.file, "<--set>");
+  EXPECT_EQ(at.file, "--set model.n_layers=2");
   EXPECT_EQ(at.line, 0);
-  EXPECT_EQ(at.col, 1);
-  EXPECT_EQ(e.where("model.positions.kind").col, 2);
+  EXPECT_EQ(at.col, 7);
+  EXPECT_EQ(e.where("model.positions.kind").file, "--set model.positions.kind=rotary");
+  EXPECT_EQ(e.where("model.positions.kind").col, 17);
   EXPECT_EQ(e.where("model.d_model").file, data("minimal.yaml"));
   // Overrides apply before the include, so they override included keys.
   const Experiment c = load_ok(data("include/child.yaml"), {"model.d_model=16", "model.n_heads=8"});
@@ -699,25 +704,86 @@ TEST(Config, OverridesSetKeys) {
   EXPECT_EQ(c.model.name, "base");
 }
 
+// Each error names the --set argument it comes from and the column in it: of the key for a key's
+// problem, of the value (or of the place inside it) for a value's.
 TEST(Config, OverrideErrors) {
   EXPECT_EQ(errors(kModel, {"model.n_layers=2", "model.n_layrs=3"}),
-            "<--set>:0:2: model.n_layrs: unknown key (did you mean `n_layers`?)");
+            "--set model.n_layrs=3, column 7: model.n_layrs: unknown key (did you mean `n_layers`?)");
   EXPECT_EQ(errors(kModel, {"model.n_layers"}),
-            "<--set>:0:1: malformed override \"model.n_layers\": expected key.path=value "
-            "(for example --set model.n_layers=2)");
+            "--set model.n_layers: expected key.path=value (for example --set model.n_layers=2)");
   EXPECT_EQ(errors(kModel, {"=3", "model..x=1"}),
-            "<--set>:0:1: malformed override \"=3\": expected key.path=value (for example --set model.n_layers=2)\n"
-            "<--set>:0:2: malformed override \"model..x=1\": expected key.path=value (for example --set model.n_layers=2)");
-  EXPECT_EQ(errors(kModel, {"model.n_layers=two"}), "<--set>:0:1: model.n_layers: expected int, found two");
-  EXPECT_EQ(errors(kModel, {"model.n_layers="}), "<--set>:0:1: model.n_layers: expected int, found null");
-  EXPECT_EQ(errors(kModel, {"model.n_layers=[1"}), "<--set>:0:1: YAML syntax error: end of sequence flow not found");
+            "--set =3: expected key.path=value (for example --set model.n_layers=2)\n"
+            "--set model..x=1: expected key.path=value (for example --set model.n_layers=2)");
+  EXPECT_EQ(errors(kModel, {"model.n_layers=two"}),
+            "--set model.n_layers=two, column 16: model.n_layers: expected int, found two");
+  EXPECT_EQ(errors(kModel, {"model.n_layers="}),
+            "--set model.n_layers=, column 16: model.n_layers: expected int, found null");
+  EXPECT_EQ(errors(kModel, {"model.n_layers=[1"}),
+            "--set model.n_layers=[1, column 18: YAML syntax error: end of sequence flow not found");
+  EXPECT_EQ(errors(kModel, {"input.ids=[1, two]"}),
+            "--set input.ids=[1, two], column 15: input.ids: entry 1: expected int, found two");
+  EXPECT_EQ(errors(kModel + "  weights:\n    inline: {x: [1]}\n", {"model.weights.inline.x=[1, 2 +* 3]"}),
+            "--set model.weights.inline.x=[1, 2 +* 3], column 31: model.weights.inline.x: entry [1]: bad "
+            "expression "
+            "\"2 +* 3\": unexpected '*'");
   EXPECT_EQ(errors(kModel, {"model.n_heads=3"}),
-            "<--set>:0:1: model.n_heads: n_heads (3) does not divide d_model (8) "
+            "--set model.n_heads=3, column 7: model.n_heads: n_heads (3) does not divide d_model (8) "
             "(choose n_heads dividing d_model, or set d_k and d_v explicitly)");
   // Errors in the file and in the overrides come together.
   EXPECT_EQ(errors(kModel + "  bias: 1\n", {"bench.reps=0"}),
-            "<--set>:0:1: bench.reps: must be >= 1, found 0\n"
+            "--set bench.reps=0, column 12: bench.reps: must be >= 1, found 0\n"
             "t.yaml:4:9: model.bias: expected bool (true or false), found 1");
+}
+
+// A number in the path indexes a list (`plugins.0.options.max_length`; `plugins[0]` too): the
+// entry is replaced, or merged into when both are mappings; the rest of the list stays.
+TEST(Config, OverridesReachListEntries) {
+  const std::string yaml = kModel + "input:\n  ids: [1, 2, 3]\ntask:\n  attention: {layers: [0, 1]}\n";
+  const Experiment e = load_text_ok(yaml, {"input.ids.1=7", "input.ids[2]=9", "task.attention.layers.0=1"});
+  EXPECT_EQ(e.input.ids, (std::vector<int32_t>{1, 7, 9}));
+  EXPECT_EQ(e.task.attention.layers, (std::vector<int64_t>{1, 1}));
+  // Nested lists, and a mapping in a list merged into.
+  const std::string rows =
+      "model:\n  d_model: 2\n  stem: {kind: identity}\ninput:\n  rows: [[1, 2], [3, 4]]\n";
+  const Experiment r = load_text_ok(rows, {"input.rows.1.0=5"});
+  ASSERT_TRUE(r.input.rows.defined());
+  EXPECT_EQ(r.input.rows.to_vector(), (std::vector<float>{1, 2, 5, 4}));
+  // A bad value in an entry is located in its argument.
+  EXPECT_EQ(errors(yaml, {"input.ids.1=x"}),
+            "--set input.ids.1=x, column 13: input.ids: entry 1: expected int, found x");
+}
+
+TEST(Config, OverrideListIndexErrors) {
+  const std::string yaml = kModel + "input:\n  ids: [1, 2, 3]\n";
+  EXPECT_EQ(errors(yaml, {"input.ids.7=1"}),
+            "--set input.ids.7=1, column 11: index 7 is out of range (input.ids has 3 entries)");
+  EXPECT_EQ(errors(yaml, {"input.ids[3]=1"}),
+            "--set input.ids[3]=1, column 11: index 3 is out of range (input.ids has 3 entries)");
+  EXPECT_EQ(errors(yaml, {"input.ids.first=1"}),
+            "--set input.ids.first=1, column 11: input.ids is a list: `first` is not an index (input.ids has "
+            "3 entries, 0 to 2)");
+  EXPECT_EQ(errors(yaml, {"input.ids.-1=1"}),
+            "--set input.ids.-1=1, column 11: input.ids is a list: `-1` is not an index (input.ids has 3 "
+            "entries, 0 to 2)");
+  EXPECT_EQ(errors(kModel + "input:\n  ids: []\n", {"input.ids.0=1"}),
+            "--set input.ids.0=1, column 11: index 0 is out of range (input.ids has no entries)");
+  EXPECT_EQ(errors(kModel + "input:\n  ids: [4]\n", {"input.ids.1.x=1"}),
+            "--set input.ids.1.x=1, column 11: index 1 is out of range (input.ids has 1 entry)");
+  // A number where the file has no list.
+  EXPECT_EQ(errors(kModel, {"input.ids.0=1"}),
+            "--set input.ids.0=1, column 11: input.ids is not in the file, so it has no entry 0 (set the "
+            "whole list: "
+            "--set 'input.ids=[...]')");
+  EXPECT_EQ(
+      errors(kModel, {"model.d_model.0=1"}),
+      "--set model.d_model.0=1, column 15: model.d_model is not a list, so it has no entry 0 (set the whole "
+      "list: --set 'model.d_model=[...]')");
+  // Below an open map a number is a name like any other.
+  EXPECT_EQ(load_text_ok(kModel, {"model.weights.inline.7=[5]"}).model.weights.inline_tensors.count("7"), 1u);
+  // Brackets around anything but a number are part of the name.
+  EXPECT_EQ(
+      errors(yaml, {"input.ids[x]=1"}),
+      "--set input.ids[x]=1, column 7: input.ids[x]: unknown key (valid keys in input: tokens, rows, ids)");
 }
 
 // ---------------------------------------------------------------------------------------------

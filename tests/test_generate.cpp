@@ -293,7 +293,7 @@ TEST(Generate, BatchedGreedyEqualsOneByOne) {
       o.stop_ids = {alone[1].ids[3]};
       alone.clear();
       for (const auto& p : prompts) alone.push_back(run(m, {p}, o)[0]);
-      EXPECT_EQ(alone[1].finish_reason, "eos");
+      EXPECT_EQ(alone[1].finish_reason, "stop");
       const std::vector<Generation> together = run(m, prompts, o);
       for (size_t i = 0; i < prompts.size(); ++i) {
         EXPECT_EQ(together[i].ids, alone[i].ids) << position_kind_name(kind) << " prompt " << i;
@@ -334,11 +334,11 @@ TEST(Generate, TheCacheGrowsWithTheSequence) {
   for (int32_t id = 0; id < 61; ++id) o.stop_ids.push_back(id);  // every token stops
   const std::vector<Generation> huge = run(m, {tokens(5, 1)}, o);
   EXPECT_EQ(huge[0].ids.size(), 1u);
-  EXPECT_EQ(huge[0].finish_reason, "eos");
+  EXPECT_EQ(huge[0].finish_reason, "stop");
   o.max_new_tokens = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(run(m, {tokens(5, 1)}, o)[0].ids, huge[0].ids);
   const Model learned = build(decoder(PositionKind::learned));
-  EXPECT_EQ(run(learned, {tokens(5, 1)}, o)[0].finish_reason, "eos");
+  EXPECT_EQ(run(learned, {tokens(5, 1)}, o)[0].finish_reason, "stop");
   // reserve() keeps what is cached.
   Result<KVCache> cache = KVCache::create(m, 2, 8);
   ForwardOptions f;
@@ -545,14 +545,24 @@ TEST(Generate, StopStringsEosAndLength) {
   EXPECT_EQ(s.text, full.text.substr(0, at));
   EXPECT_EQ(s.ids, std::vector<int32_t>(full.ids.begin(), full.ids.begin() + static_cast<int64_t>(at + 3)));
 
-  // A stop token: kept as the last id, left out of the text.
+  // A stop token of the caller's: "stop", kept as the last id, left out of the text.
   o.stop_strings.clear();
   o.stop_ids = {full.ids[6], 60000};
-  const Generation e = run(m, {prompt}, o)[0];
+  const Generation t = run(m, {prompt}, o)[0];
   const auto first = std::find(full.ids.begin(), full.ids.end(), full.ids[6]);
+  EXPECT_EQ(t.finish_reason, "stop");
+  EXPECT_EQ(t.ids, std::vector<int32_t>(full.ids.begin(), first + 1));
+  EXPECT_EQ(t.text, letters(std::vector<int32_t>(full.ids.begin(), first)).value());
+  // The model's end of sequence (the tokenizer's EOS): "eos", the same tokens and text; in both
+  // lists it is still the model's.
+  o.stop_ids.clear();
+  o.eos_ids = {full.ids[6]};
+  const Generation e = run(m, {prompt}, o)[0];
   EXPECT_EQ(e.finish_reason, "eos");
-  EXPECT_EQ(e.ids, std::vector<int32_t>(full.ids.begin(), first + 1));
-  EXPECT_EQ(e.text, letters(std::vector<int32_t>(full.ids.begin(), first)).value());
+  EXPECT_EQ(e.ids, t.ids);
+  EXPECT_EQ(e.text, t.text);
+  o.stop_ids = o.eos_ids;
+  EXPECT_EQ(run(m, {prompt}, o)[0].finish_reason, "eos");
 }
 
 TEST(Generate, PositionsRunningOutStopWithLengthAndSaySo) {

@@ -37,4 +37,20 @@ set -e
 grep -q '"id":"example.fasta#3"' "$prefix/run/errors.jsonl" || fail "the broken record is not in errors.jsonl"
 grep -q "'7' is not a nucleotide letter" "$prefix/run/errors.jsonl" || fail "errors.jsonl lacks the reason"
 [ "$(wc -l < "$prefix/run/index.jsonl")" = 2 ] || fail "expected 2 embeddings in index.jsonl"
+# `tessera bench --plugins` reads the inputs installed with the tool (share/tessera/bench-data),
+# not the source tree's: every case, one pass each, run from outside both trees.
+data="$prefix/share/tessera/bench-data"
+for f in image/chelsea.jpg audio/librivox_0880.wav protein/uniprot_sample.fasta text/corpus.txt text/README.md; do
+  [ -f "$data/$f" ] || fail "no $f in the installed bench data"
+done
+help=$("$prefix/bin/tessera" bench --help)
+[[ "$help" == *"$data"* ]] || { echo "$help"; fail "bench --data does not default to $data"; }
+cd "$prefix"
+set +e
+"$prefix/bin/tessera" bench --plugins --reps 1 --warmup 1 --json "$prefix/bench.json" > "$prefix/bench.log" 2>&1
+rc=$?
+set -e
+[ "$rc" = 0 ] || { cat "$prefix/bench.log"; fail "the installed bench --plugins failed with exit code $rc"; }
+grep -qF "\"$data/" "$prefix/bench.json" || { cat "$prefix/bench.json"; fail "the bench read no installed input"; }
+if grep -qF "$src/tests/data" "$prefix/bench.json"; then fail "the installed bench read the source tree's inputs"; fi
 echo "test_install: ok"

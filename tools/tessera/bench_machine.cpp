@@ -1,13 +1,15 @@
-// The machine's FMA peak and memory bandwidth, and a decode step's weight bytes; see
-// bench_machine.h.
+// The machine's FMA peak and memory bandwidth, a decode step's weight bytes, and the spread of
+// repeated runs; see bench_machine.h.
 #include "bench_machine.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -165,6 +167,42 @@ float sum_block(const float* x, int64_t n) {
 
 }  // namespace
 
+double Spread::ratio() const {
+  if (runs == 0) return 1.0;
+  return min > 0 ? max / min : std::numeric_limits<double>::infinity();
+}
+
+Spread spread_of(std::vector<double> runs) {
+  Spread s;
+  s.runs = static_cast<int>(runs.size());
+  if (runs.empty()) return s;
+  std::sort(runs.begin(), runs.end());
+  const size_t n = runs.size();
+  s.min = runs.front();
+  s.max = runs.back();
+  s.median = n % 2 ? runs[n / 2] : 0.5 * (runs[n / 2 - 1] + runs[n / 2]);
+  return s;
+}
+
+std::string spread_ratio(const Spread& s) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2fx", s.ratio());
+  return buf;
+}
+
+std::string spread_text(const Spread& s) { return "spread " + spread_ratio(s); }
+
+std::string spread_warning(const std::string& figure, const Spread& s, double limit) {
+  if (s.runs < 2 || !(s.ratio() > limit)) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2fx", limit);
+  return "warning: " + figure + ": its " + std::to_string(s.runs) + " runs " + spread_text(s) +
+         " (slowest / fastest), more than " + buf +
+         ": the machine was busy or changed its clock speed while measuring, so this figure and any % of "
+         "peak or "
+         "bound taken from it are unreliable; measure again on an idle machine";
+}
+
 std::string fma_isa() { return pick_kernel().isa; }
 
 FmaPeak measure_fma_peak(int threads, double seconds, int trials) {
@@ -186,7 +224,10 @@ FmaPeak measure_fma_peak(int threads, double seconds, int trials) {
   n = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(n) * seconds / std::max(t, 1e-9)));
   const double flop = 2.0 * static_cast<double>(n) * k.accumulators * k.lanes * p.threads;
   run_fma(k, p.threads, std::max<int64_t>(1, n / 10), &sink);  // wake the threads, ramp the clocks
-  for (int i = 0; i < std::max(1, trials); ++i) p.gflops = std::max(p.gflops, flop / run_fma(k, p.threads, n, &sink) / 1e9);
+  for (int i = 0; i < std::max(1, trials); ++i) {
+    p.trials.push_back(flop / run_fma(k, p.threads, n, &sink) / 1e9);
+    p.gflops = std::max(p.gflops, p.trials.back());
+  }
   return p;
 }
 
@@ -215,7 +256,8 @@ Bandwidth measure_bandwidth(int threads, int64_t bytes, int trials) {
     }
     const double t = now_s() - t0;
     sink = static_cast<float>(total);
-    b.read_gbs = std::max(b.read_gbs, static_cast<double>(b.bytes) / t / 1e9);
+    b.read_trials.push_back(static_cast<double>(b.bytes) / t / 1e9);
+    b.read_gbs = std::max(b.read_gbs, b.read_trials.back());
   }
   // Triad over the thirds: a = b + s·c.
   float *A = x, *B = x + third, *C = x + 2 * third;

@@ -15,7 +15,9 @@ struct PluginBenchArgs {
   int reps = 20, warmup = 2;
 };
 
-// The default for --data: the source tree's tests/data.
+// The default for --data: beside an installed tessera, the inputs installed with it
+// (<prefix>/share/tessera/bench-data, laid out like tests/data); in the build tree, the sources'
+// tests/data.
 std::string default_bench_data_dir();
 
 // Prints the table to stdout; errors to stderr. Returns a kExit* code.

@@ -3,8 +3,10 @@
 // run, and with its FMA peak (a register-only loop) and memory bandwidth (bench_machine.h); for
 // causal language models also generation with the KV cache: the input as a prompt (prefill), then
 // tokens one at a time (decode), and the decode's bound from the memory bandwidth (every weight
-// byte a step reads / bytes per second). A benchmark, not a test: figures go to stdout (and
-// --json), nothing is asserted.
+// byte a step reads / bytes per second). Each figure comes with the spread of its runs (slowest /
+// fastest), and a warning line when that passes kSpreadLimit: on a busy machine the runs of one
+// figure can spread 2-5x, and a median or a % of peak taken from them means little. A benchmark,
+// not a test: figures go to stdout (and --json), nothing is asserted.
 // `tessera bench --plugins` times the modality plugins' front ends instead (cmd_bench_plugins.cpp).
 #include <sys/resource.h>
 
@@ -39,8 +41,13 @@ struct BenchArgs {
   AttentionBenchArgs attention;  // --attention N and its options
 };
 
+struct MatmulPeak {
+  double gflops = 0;  // from the median run
+  Spread seconds;     // of the 5 runs
+};
+
 // This machine's f32 matmul rate now: a 2048³ oneDNN matmul, median of 5 after one warm-up.
-double measure_matmul_peak() {
+MatmulPeak measure_matmul_peak() {
   const int64_t n = 2048;
   Tensor a = Tensor::empty({n, n}), b = Tensor::empty({n, n}), c = Tensor::empty({n, n});
   Rng rng(1);
@@ -49,10 +56,19 @@ double measure_matmul_peak() {
   std::vector<double> t;
   for (int i = 0; i < 6; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (!ops::matmul(a, b, c).ok()) return 0;
+    if (!ops::matmul(a, b, c).ok()) return {};
     if (i > 0) t.push_back(seconds_since(t0));
   }
-  return 2.0 * n * n * n / median(t) / 1e9;
+  MatmulPeak p;
+  p.seconds = spread_of(t);
+  p.gflops = 2.0 * n * n * n / p.seconds.median / 1e9;
+  return p;
+}
+
+// "min 1.2 ms, max 1.5 ms, spread 1.25x (slowest / fastest)" of runs in seconds.
+std::string min_max_text(const Spread& s, double scale, const char* unit) {
+  return "min " + fmt(s.min * scale, 2, false) + " " + unit + ", max " + fmt(s.max * scale, 2, false) + " " +
+         unit + ", " + spread_text(s) + " (slowest / fastest)";
 }
 
 // Generation's two phases with the KV cache, each rep on a fresh cache: the batch's rows as prompts
@@ -140,14 +156,16 @@ int run_bench(const BenchArgs& a) {
     if (i >= warmup) times.push_back(seconds_since(t0));
     if (i == 0) first = seconds_since(t0);
   }
-  const double med = median(times);
+  const Spread forward = spread_of(times);
+  const double med = forward.median;
   const double gflop = plan.flops_per_item * static_cast<double>(B) * 1e-9;
   const double rate = gflop / med;
   // The process's peak memory before the peaks' own buffers (512 MiB for the bandwidth).
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   const RuntimeInfo ri = runtime_info();
-  const double peak = a.no_peak ? 0.0 : measure_matmul_peak();
+  const MatmulPeak matmul = a.no_peak ? MatmulPeak{} : measure_matmul_peak();
+  const double peak = matmul.gflops;
   FmaPeak fma, fma1;
   Bandwidth bw;
   if (!a.no_peak) {
@@ -159,16 +177,17 @@ int run_bench(const BenchArgs& a) {
   const std::string name = e.model.name.empty() ? a.file : e.model.name;
   std::vector<std::vector<std::string>> rows = {
       {"model", name + ": " + fmt_count(static_cast<double>(plan.parameters)) + " parameters, " +
-                    dtype_name(e.model.dtype) + ", " + std::to_string(e.model.n_layers) + " layers, d_model " +
-                    std::to_string(e.model.d_model) + ", " + std::to_string(e.model.n_heads) + " heads"},
+                    dtype_name(e.model.dtype) + ", " + std::to_string(e.model.n_layers) +
+                    " layers, d_model " + std::to_string(e.model.d_model) + ", " +
+                    std::to_string(e.model.n_heads) + " heads"},
       {"input", "batch " + std::to_string(B) + " x " + std::to_string(plan.rows) + " rows (random, seed " +
                     std::to_string(a.seed) + ")"},
-      {"runtime", std::to_string(ri.threads) + " threads, oneDNN " + ri.onednn_version + ", " + ri.isa +
-                      (e.model.dtype == DType::bf16 ? (ri.native_bf16 ? ", native bf16" : ", bf16 emulated in f32") : "") +
-                      (opt.reference ? ", REFERENCE loops" : "")},
-      {"latency", "median " + fmt(med * 1e3, 2, false) + " ms, min " +
-                      fmt(*std::min_element(times.begin(), times.end()) * 1e3, 2, false) + " ms, max " +
-                      fmt(*std::max_element(times.begin(), times.end()) * 1e3, 2, false) + " ms  (" +
+      {"runtime",
+       std::to_string(ri.threads) + " threads, oneDNN " + ri.onednn_version + ", " + ri.isa +
+           (e.model.dtype == DType::bf16 ? (ri.native_bf16 ? ", native bf16" : ", bf16 emulated in f32")
+                                         : "") +
+           (opt.reference ? ", REFERENCE loops" : "")},
+      {"latency", "median " + fmt(med * 1e3, 2, false) + " ms, " + min_max_text(forward, 1e3, "ms") + "  (" +
                       std::to_string(reps) + " runs after " + std::to_string(warmup) + " warm-up)"},
       {"throughput", fmt(static_cast<double>(B) / med, 2, false) + " items/s, " +
                          fmt(static_cast<double>(B * plan.rows) / med, 0, false) + " rows/s"},
@@ -176,20 +195,35 @@ int run_bench(const BenchArgs& a) {
       {"load", fmt(ready + first, 3, false) + " s to the end of the first forward: " + fmt(ready, 3, false) +
                    " s config, weights and packing, then " + fmt(first, 3, false) + " s the first forward"},
       {"peak memory", fmt_bytes(static_cast<double>(ru.ru_maxrss) * 1024) + " resident (whole process)"}};
-  if (peak > 0)
-    rows.push_back({"matmul peak", fmt(peak, 1, false) + " GFLOP/s (f32 2048^3 oneDNN matmul, measured now) -> " +
+  // Every figure's spread; the warnings go under the table (and into --json).
+  std::vector<std::string> warnings;
+  auto check = [&warnings](const std::string& figure, const Spread& s) {
+    if (std::string w = spread_warning(figure, s); !w.empty()) warnings.push_back(std::move(w));
+  };
+  check("the forward pass (latency, throughput, compute, % of peak)", forward);
+  const Spread fma_spread = spread_of(fma.trials), bw_spread = spread_of(bw.read_trials);
+  if (peak > 0) {
+    rows.push_back({"matmul peak", fmt(peak, 1, false) + " GFLOP/s (f32 2048^3 oneDNN matmul, median of 5, " +
+                                       spread_text(matmul.seconds) + ", measured now) -> " +
                                        fmt(100.0 * rate / peak, 1, false) + " % of peak"});
-  if (fma.gflops > 0)
+    check("the matmul peak", matmul.seconds);
+  }
+  if (fma.gflops > 0) {
     rows.push_back({"FMA peak", fmt(fma.gflops, 1, false) + " GFLOP/s on " + std::to_string(fma.threads) +
                                     " threads, " + fmt(fma1.gflops, 1, false) + " on 1 (f32 " + fma.isa +
                                     ", register-only loop, " + std::to_string(fma.accumulators) +
-                                    " accumulators, best of 5) -> " + fmt(100.0 * rate / fma.gflops, 1, false) +
-                                    " % of peak"});
-  if (bw.read_gbs > 0)
+                                    " accumulators, best of 5, " + spread_text(fma_spread) + ") -> " +
+                                    fmt(100.0 * rate / fma.gflops, 1, false) + " % of peak"});
+    check("the FMA peak", fma_spread);
+  }
+  if (bw.read_gbs > 0) {
     rows.push_back({"memory bandwidth", "read " + fmt(bw.read_gbs, 1, false) + " GB/s, triad " +
                                             fmt(bw.triad_gbs, 1, false) + " GB/s (" +
                                             fmt_bytes(static_cast<double>(bw.bytes)) + ", " +
-                                            std::to_string(bw.threads) + " threads, best of 5)"});
+                                            std::to_string(bw.threads) + " threads, best of 5, read " +
+                                            spread_text(bw_spread) + ")"});
+    check("the memory bandwidth", bw_spread);
+  }
   // Generation (causal language models): prefill, then decode with the KV cache.
   std::vector<double> prefill, decode;
   int64_t n = a.decode;
@@ -213,14 +247,19 @@ int run_bench(const BenchArgs& a) {
       e.model.dtype == DType::bf16 && (ri.native_bf16 || B <= Linear::gemv_max_rows());
   const int64_t step_bytes = decode_weight_bytes_per_step(L->model, B, bf16_weights);
   const double bound = bw.read_gbs > 0 ? static_cast<double>(B) * bw.read_gbs * 1e9 / static_cast<double>(step_bytes) : 0.0;
+  const Spread prefill_spread = spread_of(prefill), decode_spread = spread_of(decode);
   if (!prefill.empty()) {
-    const double p = median(prefill), d = median(decode);
+    const double p = prefill_spread.median, d = decode_spread.median;
     rows.push_back({"prefill", std::to_string(T) + " tokens x batch " + std::to_string(B) +
                                    " into a KV cache: median " + fmt(p * 1e3, 2, false) + " ms, " +
-                                   fmt(static_cast<double>(B * T) / p, 0, false) + " tokens/s"});
+                                   fmt(static_cast<double>(B * T) / p, 0, false) + " tokens/s; " +
+                                   min_max_text(prefill_spread, 1e3, "ms")});
     rows.push_back({"decode", std::to_string(n) + " tokens one at a time after them (greedy): median " +
                                   fmt(d * 1e3 / static_cast<double>(n), 2, false) + " ms per step, " +
-                                  fmt(static_cast<double>(B * n) / d, 1, false) + " tokens/s"});
+                                  fmt(static_cast<double>(B * n) / d, 1, false) + " tokens/s; " +
+                                  min_max_text(decode_spread, 1e3 / static_cast<double>(n), "ms")});
+    check("prefill", prefill_spread);
+    check("decode (tokens/s, % of the bound)", decode_spread);
     if (bw.read_gbs > 0)
       rows.push_back({"decode bound", fmt_bytes(static_cast<double>(step_bytes)) +
                                           (bf16_weights ? " of weights (bf16)" : " of weights") + " read per step / " + fmt(bw.read_gbs, 1, false) +
@@ -230,47 +269,60 @@ int run_bench(const BenchArgs& a) {
                                           " % of it (KV-cache reads not counted)"});
   }
   std::printf("%s", table(rows, 0).c_str());
+  for (const std::string& w : warnings) std::printf("%s\n", w.c_str());
   if (!a.json.empty()) {
     nlohmann::json j = {{"model", name},
-                              {"file", a.file},
-                              {"dtype", dtype_name(e.model.dtype)},
-                              {"batch", B},
-                              {"rows", plan.rows},
-                              {"threads", ri.threads},
-                              {"isa", ri.isa},
-                              {"reps", reps},
-                              {"median_s", med},
-                              {"times_s", times},
-                              {"items_per_s", static_cast<double>(B) / med},
-                              {"gflop_per_batch", gflop},
-                              {"gflops", rate},
-                              {"peak_gflops", peak},
-                              {"matmul_peak_gflops", peak},
-                              {"fraction_of_peak", peak > 0 ? rate / peak : 0.0},
-                              {"load_s", ready + first}, {"load_ready_s", ready}, {"first_forward_s", first},
-                              {"max_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
+                        {"file", a.file},
+                        {"dtype", dtype_name(e.model.dtype)},
+                        {"batch", B},
+                        {"rows", plan.rows},
+                        {"threads", ri.threads},
+                        {"isa", ri.isa},
+                        {"reps", reps},
+                        {"median_s", med},
+                        {"min_s", forward.min},
+                        {"max_s", forward.max},
+                        {"spread", forward.ratio()},
+                        {"spread_limit", kSpreadLimit},
+                        {"warnings", warnings},
+                        {"times_s", times},
+                        {"items_per_s", static_cast<double>(B) / med},
+                        {"gflop_per_batch", gflop},
+                        {"gflops", rate},
+                        {"peak_gflops", peak},
+                        {"matmul_peak_gflops", peak},
+                        {"fraction_of_peak", peak > 0 ? rate / peak : 0.0},
+                        {"matmul_peak_spread", matmul.seconds.ratio()},
+                        {"load_s", ready + first},
+                        {"load_ready_s", ready},
+                        {"first_forward_s", first},
+                        {"max_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
     if (fma.gflops > 0) {
       j["fma_isa"] = fma.isa;
       j["fma_peak_gflops"] = fma.gflops;
       j["fma_peak_gflops_1thread"] = fma1.gflops;
       j["fraction_of_fma_peak"] = rate / fma.gflops;
+      j["fma_peak_spread"] = fma_spread.ratio();
     }
     if (bw.read_gbs > 0) {
       j["bandwidth_read_gbs"] = bw.read_gbs;
       j["bandwidth_triad_gbs"] = bw.triad_gbs;
       j["bandwidth_bytes"] = bw.bytes;
+      j["bandwidth_spread"] = bw_spread.ratio();
     }
     if (!prefill.empty()) {
       j["prefill_tokens"] = T;
       j["prefill_times_s"] = prefill;
-      j["prefill_tokens_per_s"] = static_cast<double>(B * T) / median(prefill);
+      j["prefill_spread"] = prefill_spread.ratio();
+      j["prefill_tokens_per_s"] = static_cast<double>(B * T) / prefill_spread.median;
       j["decode_tokens"] = n;
       j["decode_times_s"] = decode;
-      j["decode_tokens_per_s"] = static_cast<double>(B * n) / median(decode);
+      j["decode_spread"] = decode_spread.ratio();
+      j["decode_tokens_per_s"] = static_cast<double>(B * n) / decode_spread.median;
       j["decode_weight_bytes_per_step"] = step_bytes;
       if (bound > 0) {
         j["decode_bound_tokens_per_s"] = bound;
-        j["decode_fraction_of_bound"] = static_cast<double>(B * n) / median(decode) / bound;
+        j["decode_fraction_of_bound"] = static_cast<double>(B * n) / decode_spread.median / bound;
       }
     }
     if (Status st = write_file_atomic(a.json, j.dump(2) + "\n"); !st.ok()) {

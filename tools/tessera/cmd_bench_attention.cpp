@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_attention.h"
+#include "bench_machine.h"
 #include "common.h"
 #include "tessera/fileio.h"
 #include "tessera/ops.h"
@@ -86,7 +87,9 @@ int run_attention_bench(const AttentionBenchArgs& a) {
     if (i >= a.warmup) times.push_back(seconds_since(t0));
   }
   const int64_t extra = std::max<int64_t>(0, proc_status_bytes("VmHWM:") - before);
-  const double med = median(times);
+  const Spread spread = spread_of(times);
+  const double med = spread.median;
+  const std::string warning = spread_warning("the attention op", spread);
   // Multiply-adds of Q Kᵀ and of A V, counted as 2 each; a causal kernel skips about half.
   const double flops = 4.0 * static_cast<double>(H) * static_cast<double>(n) * static_cast<double>(n) *
                        static_cast<double>(d) * (a.causal ? 0.5 : 1.0);
@@ -95,23 +98,30 @@ int run_attention_bench(const AttentionBenchArgs& a) {
       {"attention", kind + ", " + std::to_string(H) + " head(s), " + std::to_string(n) + " rows, d " +
                         std::to_string(d) + (a.causal ? ", causal" : "")},
       {"threads", std::to_string(num_threads())},
-      {"latency", "median " + fmt(med * 1e3, 2, false) + " ms (" + std::to_string(a.reps) + " runs after " +
+      {"latency", "median " + fmt(med * 1e3, 2, false) + " ms, min " + fmt(spread.min * 1e3, 2, false) +
+                      " ms, max " + fmt(spread.max * 1e3, 2, false) + " ms, " + spread_text(spread) +
+                      " (slowest / fastest)  (" + std::to_string(a.reps) + " runs after " +
                       std::to_string(a.warmup) + " warm-up)"},
       {"compute", fmt(flops / med * 1e-9, 1, false) + " GFLOP/s"},
       {"extra memory", fmt_bytes(static_cast<double>(extra)) + " (peak resident growth over the inputs)"}};
   std::printf("%s", table(rows, 0).c_str());
+  if (!warning.empty()) std::printf("%s\n", warning.c_str());
   if (!a.json.empty()) {
-    const nlohmann::json j = {{"kind", a.materialised ? "materialised" : "fused"},
-                              {"rows", n},
-                              {"head_dim", d},
-                              {"heads", H},
-                              {"causal", a.causal},
-                              {"threads", num_threads()},
-                              {"median_s", med},
-                              {"times_s", times},
-                              {"gflops", flops / med * 1e-9},
-                              {"extra_bytes", extra},
-                              {"rss_before_bytes", before}};
+    const nlohmann::json j = {
+        {"kind", a.materialised ? "materialised" : "fused"},
+        {"rows", n},
+        {"head_dim", d},
+        {"heads", H},
+        {"causal", a.causal},
+        {"threads", num_threads()},
+        {"median_s", med},
+        {"spread", spread.ratio()},
+        {"spread_limit", kSpreadLimit},
+        {"warnings", warning.empty() ? std::vector<std::string>{} : std::vector{warning}},
+        {"times_s", times},
+        {"gflops", flops / med * 1e-9},
+        {"extra_bytes", extra},
+        {"rss_before_bytes", before}};
     if (Status st = write_file_atomic(a.json, j.dump(2) + "\n"); !st.ok()) {
       std::fprintf(stderr, "tessera bench: %s\n", st.message().c_str());
       return kExitFailure;

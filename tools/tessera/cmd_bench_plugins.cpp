@@ -2,8 +2,9 @@
 // plugin is found and loaded through the same loader and C ABI a third-party plugin uses
 // (find_plugin, Plugin::load, Encoder), given a recipe's options, and run over its input: one
 // untimed pass that checks every item and measures it, more warm-up passes, then the median of N
-// timed passes. One thread. Rates come in each modality's own unit: images/s, seconds of audio
-// per second, MB/s (10^6 bytes) of FASTA or text. Files are read into memory before timing.
+// timed passes and their spread (a warning when it is wide, bench_machine.h). One thread. Rates
+// come in each modality's own unit: images/s, seconds of audio per second, MB/s (10^6 bytes) of
+// FASTA or text. Files are read into memory before timing.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "bench_machine.h"
 #include "bench_plugins.h"
 #include "common.h"
 #include "tessera/fileio.h"
@@ -23,7 +25,17 @@ namespace tessera::cli {
 
 namespace fs = std::filesystem;
 
-std::string default_bench_data_dir() { return std::string(TESSERA_SOURCE_DIR) + "/tests/data"; }
+std::string default_bench_data_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::weakly_canonical(fs::read_symlink("/proc/self/exe", ec), ec);
+  const fs::path tree = fs::weakly_canonical(TESSERA_BUILD_DIR, ec);
+  const bool in_tree = !exe.empty() && !tree.empty() &&
+                       std::mismatch(tree.begin(), tree.end(), exe.begin(), exe.end()).first == tree.end();
+  // The tool in its build tree reads the sources' files; an installed one, the copies installed
+  // with it (<prefix>/share/tessera/bench-data), wherever the prefix went.
+  if (in_tree || exe.empty()) return std::string(TESSERA_SOURCE_DIR) + "/tests/data";
+  return (exe.parent_path() / TESSERA_BENCH_DATA_FROM_BIN).lexically_normal().string();
+}
 
 namespace {
 
@@ -376,8 +388,10 @@ int run_plugin_bench(const PluginBenchArgs& a) {
   }
   if (missing > 0) return kExitBadInput;
 
-  std::vector<std::vector<std::string>> rows{{"case", "input", "per pass", "items/s", "rows/s", "rate"}};
+  std::vector<std::vector<std::string>> rows{
+      {"case", "input", "per pass", "items/s", "rows/s", "rate", "spread"}};
   nlohmann::json jcases = nlohmann::json::array();
+  std::vector<std::string> warnings;  // cases whose passes spread more than kSpreadLimit
   for (const Case* c : chosen) {
     Result<Figures> r = run_case(*c, files, a.reps, a.warmup);
     if (!r.ok()) {
@@ -385,11 +399,14 @@ int run_plugin_bench(const PluginBenchArgs& a) {
       return r.status().code() == Code::internal ? kExitFailure : kExitBadInput;
     }
     const Figures& f = *r;
-    const double med = median(f.times);
+    const Spread spread = spread_of(f.times);
+    const double med = spread.median;
     const double rate = f.units / med;
-    rows.push_back(
-        {c->name, f.input, fmt(med * 1e3, 2, false) + " ms", sig3(static_cast<double>(f.items) / med),
-         fmt_count(std::round(static_cast<double>(f.rows) / med)), sig3(rate) + " " + unit_name(c->unit)});
+    rows.push_back({c->name, f.input, fmt(med * 1e3, 2, false) + " ms",
+                    sig3(static_cast<double>(f.items) / med),
+                    fmt_count(std::round(static_cast<double>(f.rows) / med)),
+                    sig3(rate) + " " + unit_name(c->unit), spread_ratio(spread)});
+    if (std::string w = spread_warning(c->name, spread); !w.empty()) warnings.push_back(std::move(w));
     nlohmann::json opts = nlohmann::json::object();
     for (const auto& [k, v] : f.options) opts[k] = v;
     const nlohmann::json jc = {{"case", c->name},
@@ -405,6 +422,7 @@ int run_plugin_bench(const PluginBenchArgs& a) {
                                {"units_per_pass", f.units},
                                {"unit", unit_name(c->unit)},
                                {"median_s", med},
+                               {"spread", spread.ratio()},
                                {"times_s", f.times},
                                {"items_per_s", static_cast<double>(f.items) / med},
                                {"rows_per_s", static_cast<double>(f.rows) / med},
@@ -412,16 +430,22 @@ int run_plugin_bench(const PluginBenchArgs& a) {
     jcases.push_back(jc);
   }
   std::printf(
-      "# plugin front ends, 1 thread: median of %d passes over each input after %d warm-up; files are "
-      "read into memory first\n",
+      "# plugin front ends, 1 thread: median of %d passes over each input after %d warm-up, and their spread "
+      "(slowest / fastest); files are read into memory first\n",
       a.reps, a.warmup);
   std::printf("%s", table(rows, 0).c_str());
+  for (const std::string& w : warnings) std::printf("%s\n", w.c_str());
   std::printf("\n# recipes\n");
   std::vector<std::vector<std::string>> recipes;
   for (const Case* c : chosen) recipes.push_back({c->name, c->recipe});
   std::printf("%s", table(recipes, 0).c_str());
   if (!a.json.empty()) {
-    const nlohmann::json j = {{"threads", 1}, {"reps", a.reps}, {"warmup", a.warmup}, {"cases", jcases}};
+    const nlohmann::json j = {{"threads", 1},
+                              {"reps", a.reps},
+                              {"warmup", a.warmup},
+                              {"cases", jcases},
+                              {"spread_limit", kSpreadLimit},
+                              {"warnings", warnings}};
     if (Status st = write_file_atomic(a.json, j.dump(2) + "\n"); !st.ok()) {
       std::fprintf(stderr, "%s: %s\n", me, st.message().c_str());
       return kExitFailure;

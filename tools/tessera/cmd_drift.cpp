@@ -168,8 +168,10 @@ int run_drift(const DriftArgs& a) {
     ov.insert(ov.end(), a.candidate_overrides.begin(), a.candidate_overrides.end());
     cand_e = load(a.file, ov);
     if (!cand_e) {
-      std::fprintf(stderr, "tessera drift: above, <--set>:0:N from N = %zu on are the --candidate-set values (after %zu "
-                           "--set)\n", a.overrides.size() + 1, a.overrides.size());
+      std::fprintf(stderr,
+                   "tessera drift: above, \"--set KEY=VALUE\" stands for a --set and a --candidate-set "
+                   "alike: of the %zu, the last %zu are the --candidate-set values\n",
+                   ov.size(), a.candidate_overrides.size());
       return kExitBadInput;
     }
   }

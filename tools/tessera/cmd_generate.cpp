@@ -132,8 +132,8 @@ int run_generate(const GenerateArgs& a) {
     }
     std::vector<int32_t> eos;
     p.ids = prompt_ids((*rows)[0], &eos);
-    for (int32_t id : eos)  // the tokenizer's own end of text (add_special) stops the completion too
-      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) == o.stop_ids.end()) o.stop_ids.push_back(id);
+    for (int32_t id : eos)  // the tokenizer's own end of text (add_special): the model's EOS
+      if (std::find(o.eos_ids.begin(), o.eos_ids.end(), id) == o.eos_ids.end()) o.eos_ids.push_back(id);
     if (p.ids.empty()) {
       std::fprintf(stderr, "tessera generate: %s: no token is left once the closing special rows are removed\n",
                    p.id.c_str());
@@ -212,7 +212,8 @@ void add_generate_command(CLI::App& app, std::function<int()>* run) {
                                    "penalise tokens already in the sequence (Hugging Face's); 1: none");
   a->seed_opt = cmd->add_option("--seed", a->seed, "seed of each prompt's random generator");
   a->stop_opt = cmd->add_option("--stop", a->stop, "stop when the completion contains this text (repeatable)");
-  a->stop_ids_opt = cmd->add_option("--stop-id", a->stop_ids, "stop after this token id (repeatable)");
+  a->stop_ids_opt = cmd->add_option("--stop-id", a->stop_ids,
+                                    "stop after this token id (repeatable; finish_reason \"stop\")");
   cmd->add_flag("--stream", a->stream, "print each prompt's text as it is generated (prompts one after another)");
   cmd->add_flag("--json", a->json,
                 "one JSON line per prompt: prompt, completion, ids, finish_reason, prompt_tokens, new_tokens, "

@@ -1,8 +1,10 @@
 // `tessera run` (an experiment over its dataset), `tessera plugins` (what the plugin search finds)
-// and `tessera tokenize` (one input through an experiment's plugin, row by row). The batch runner
-// itself is core's (tessera/run.h); this file parses options and prints.
+// and `tessera tokenize` (one input, or each record of a FASTA file, through an experiment's
+// plugin, row by row). The batch runner itself is core's (tessera/run.h); this file parses options
+// and prints.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 
@@ -115,63 +117,31 @@ int run_plugins(const PluginsArgs& a) {
   return kExitOk;
 }
 
-struct TokenizeArgs {
-  std::string file, text, input;
-  std::vector<std::string> overrides;
-  int plugin = 0;
-};
+// A FASTA file: its first non-blank character (after a UTF-8 byte-order mark) is a '>' header.
+bool is_fasta(const std::string& bytes) {
+  size_t i = bytes.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
+  while (i < bytes.size() && std::isspace(static_cast<unsigned char>(bytes[i]))) ++i;
+  return i < bytes.size() && bytes[i] == '>';
+}
 
-int run_tokenize(const TokenizeArgs& a) {
-  std::optional<Experiment> exp = load(a.file, a.overrides);
-  if (!exp) return kExitBadInput;
-  if (a.plugin < 0 || a.plugin >= static_cast<int>(exp->plugins.size())) {
-    std::fprintf(stderr, "tessera tokenize: the experiment has %zu plugin(s); --plugin %d does not exist\n",
-                 exp->plugins.size(), a.plugin);
-    return kExitBadInput;
-  }
-  const PluginConfig& pc = exp->plugins[static_cast<size_t>(a.plugin)];
-  Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
-  if (!p.ok()) {
-    std::fprintf(stderr, "tessera tokenize: %s\n", p.status().message().c_str());
-    return kExitBadInput;
-  }
-  Result<Encoder> enc = Encoder::create(*p, pc.options);
-  if (!enc.ok()) {
-    std::fprintf(stderr, "tessera tokenize: %s\n", enc.status().message().c_str());
-    return kExitBadInput;
-  }
-  std::string bytes = a.text;
-  PluginItem item;
-  item.id = a.input.empty() ? "<text>" : a.input;
-  if (!a.input.empty()) {
-    Result<std::string> r = read_file(a.input);
-    if (!r.ok()) {
-      std::fprintf(stderr, "tessera tokenize: %s\n", r.status().message().c_str());
-      return kExitBadInput;
-    }
-    bytes = *r;
-    item.source = a.input;
-    item.source_line = (*p)->input_kind() == TSR_INPUT_TEXT ? 1 : 0;
-  }
-  item.data = bytes;
-  Result<std::vector<TokenRows>> rows = enc->encode(item);
-  if (!rows.ok()) {
-    std::fprintf(stderr, "tessera tokenize: %s\n", rows.status().message().c_str());
-    return kExitBadInput;
-  }
+// An input's rows, one table per sequence: id or features, role, position, provenance.
+void print_rows(const std::string& shown, const std::vector<TokenRows>& sequences, const Encoder& enc) {
   static const char* roles[] = {"content", "cls", "eos", "pad", "mask", "sep", "bos", "unk"};
-  for (const TokenRows& r : *rows) {
-    std::printf("# %s%s: %lld rows of %s%s\n", item.id.c_str(), r.label.empty() ? "" : ("/" + r.label).c_str(),
+  for (const TokenRows& r : sequences) {
+    std::printf("# %s%s: %lld rows of %s%s\n", shown.c_str(), r.label.empty() ? "" : ("/" + r.label).c_str(),
                 static_cast<long long>(r.size()),
-                r.kind == TSR_ROWS_IDS ? "token ids" : ("features, " + std::to_string(r.features.dim(1)) + " wide").c_str(),
-                r.grid_rows ? (", grid " + std::to_string(r.grid_rows) + " x " + std::to_string(r.grid_cols)).c_str() : "");
+                r.kind == TSR_ROWS_IDS ? "token ids"
+                                       : ("features, " + std::to_string(r.features.dim(1)) + " wide").c_str(),
+                r.grid_rows
+                    ? (", grid " + std::to_string(r.grid_rows) + " x " + std::to_string(r.grid_cols)).c_str()
+                    : "");
     std::vector<std::vector<std::string>> t{{"row", r.kind == TSR_ROWS_IDS ? "id" : "mean", "role", "position", "provenance"}};
     for (int64_t i = 0; i < r.size(); ++i) {
       const size_t u = static_cast<size_t>(i);
       std::string v;
       if (r.kind == TSR_ROWS_IDS) {
         v = std::to_string(r.ids[u]);
-        Result<std::string> piece = enc->decode({r.ids[u]});
+        Result<std::string> piece = enc.decode({r.ids[u]});
         if (piece.ok()) v += "  \"" + *piece + "\"";
       } else {
         double m = 0;
@@ -200,11 +170,99 @@ int run_tokenize(const TokenizeArgs& a) {
     }
     std::printf("%s", table(t, 0).c_str());
     if (r.kind == TSR_ROWS_IDS) {
-      Result<std::string> text = enc->decode(r.ids);
+      Result<std::string> text = enc.decode(r.ids);
       if (text.ok()) std::printf("decoded: %s\n", text->c_str());
     }
   }
-  return kExitOk;
+}
+
+struct TokenizeArgs {
+  std::string file, text, input;
+  std::vector<std::string> overrides;
+  int plugin = 0;
+};
+
+int run_tokenize(const TokenizeArgs& a) {
+  std::optional<Experiment> exp = load(a.file, a.overrides);
+  if (!exp) return kExitBadInput;
+  if (a.plugin < 0 || a.plugin >= static_cast<int>(exp->plugins.size())) {
+    std::fprintf(stderr, "tessera tokenize: the experiment has %zu plugin(s); --plugin %d does not exist\n",
+                 exp->plugins.size(), a.plugin);
+    return kExitBadInput;
+  }
+  const PluginConfig& pc = exp->plugins[static_cast<size_t>(a.plugin)];
+  Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
+  if (!p.ok()) {
+    std::fprintf(stderr, "tessera tokenize: %s\n", p.status().message().c_str());
+    return kExitBadInput;
+  }
+  Result<Encoder> enc = Encoder::create(*p, pc.options);
+  if (!enc.ok()) {
+    std::fprintf(stderr, "tessera tokenize: %s\n", enc.status().message().c_str());
+    return kExitBadInput;
+  }
+  // The inputs: --text, or --input FILE whole; a FASTA file for a plugin that reads text is split
+  // into its records, as `tessera run` reads a FASTA dataset (splitting files is the host's job:
+  // a plugin sees one record at a time).
+  struct Input {
+    PluginItem item;
+    std::string shown;  // "<text>", the file, or "two.fasta#2 (name)"
+  };
+  std::vector<Input> inputs;
+  std::string bytes;  // the file's: the items' data are views of it
+  if (a.input.empty()) {
+    PluginItem item;
+    item.id = "<text>";
+    item.data = a.text;
+    inputs.push_back({item, item.id});
+  } else {
+    Result<std::string> r = read_file(a.input);
+    if (!r.ok()) {
+      std::fprintf(stderr, "tessera tokenize: %s\n", r.status().message().c_str());
+      return kExitBadInput;
+    }
+    bytes = std::move(r).value();
+    const bool text = (*p)->input_kind() == TSR_INPUT_TEXT;
+    if (text && is_fasta(bytes)) {
+      DataConfig data;
+      data.path = a.input;
+      data.format = DataFormat::fasta;
+      Result<std::vector<DataItem>> records =
+          read_dataset(data, {{(*p)->name(), TSR_INPUT_TEXT, (*p)->extensions()}});
+      if (!records.ok()) {
+        std::fprintf(stderr, "tessera tokenize: %s\n", records.status().message().c_str());
+        return kExitBadInput;
+      }
+      for (const DataItem& d : *records) {
+        const ItemPart& part = d.parts.at(0);
+        PluginItem item;
+        item.id = d.id;
+        item.source = a.input;
+        item.source_offset = part.offset;
+        item.source_line = part.line;
+        item.data = std::string_view(bytes).substr(part.offset, part.length);
+        inputs.push_back({item, d.id + (d.name.empty() ? "" : " (" + d.name + ")")});
+      }
+    } else {
+      PluginItem item;
+      item.id = a.input;
+      item.source = a.input;
+      item.source_line = text ? 1 : 0;
+      item.data = bytes;
+      inputs.push_back({item, a.input});
+    }
+  }
+  int failed = 0;
+  for (const Input& in : inputs) {
+    Result<std::vector<TokenRows>> rows = enc->encode(in.item);
+    if (!rows.ok()) {
+      std::fprintf(stderr, "tessera tokenize: %s: %s\n", in.shown.c_str(), rows.status().message().c_str());
+      ++failed;
+      continue;
+    }
+    print_rows(in.shown, *rows, *enc);
+  }
+  return failed > 0 ? kExitBadInput : kExitOk;
 }
 
 }  // namespace
@@ -239,7 +297,10 @@ void add_tokenize_command(CLI::App& app, std::function<int()>* run) {
   CLI::App* cmd = app.add_subcommand("tokenize", "Turn one input into token rows with an experiment's plugin; print them");
   cmd->add_option("file", args->file, "experiment YAML")->required();
   auto* text = cmd->add_option("--text", args->text, "the input as text");
-  cmd->add_option("--input", args->input, "the input as a file")->excludes(text);
+  cmd->add_option(
+         "--input", args->input,
+         "the input as a file; a FASTA file for a text plugin: each record, as `tessera run` reads it")
+      ->excludes(text);
   cmd->add_option("--plugin", args->plugin, "which of the experiment's plugins (from 0)")->capture_default_str();
   cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
   cmd->callback([args, run] { *run = [args] { return run_tokenize(*args); }; });

@@ -1,5 +1,7 @@
-// `tessera`: the command line. Subcommands live in cmd_*.cpp; this file only dispatches.
-// Results go to stdout, logs and errors to stderr; exit codes: 0 ok, 1 failure, 2 bad input.
+// `tessera`: the command line. Subcommands live in cmd_*.cpp; this file dispatches, and turns usage
+// mistakes (a mistyped subcommand or option, an extra argument) into one line naming the nearest
+// valid name. Results go to stdout, logs and errors to stderr; exit codes: 0 ok, 1 failure, 2 bad
+// input (usage errors included). Bare `tessera` prints the help, with examples, and exits 0.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -12,16 +14,93 @@ namespace tessera::cli {
 
 namespace {
 
+constexpr const char* kExamples =
+    "Examples:\n"
+    "  tessera check configs/examples/red_ball_rolls.yaml          validate, print the resolved config and "
+    "plan\n"
+    "  tessera explain configs/examples/red_ball_rolls.yaml --fractions\n"
+    "  tessera run configs/experiments/quickstart.yaml             the experiment over its dataset\n"
+    "  tessera run configs/experiments/quickstart.yaml --set runtime.batch_size=2 --set "
+    "plugins.3.options.max_length=64\n"
+    "  tessera tokenize configs/experiments/quickstart.yaml --plugin 3 --input "
+    "tests/data/protein/messy.fasta\n"
+    "  tessera generate configs/examples/generate_tiny.yaml --prompt \"Once upon a time\"\n"
+    "  tessera bench configs/bench/vit_b16.yaml --reps 5\n"
+    "  tessera plugins --options\n"
+    "(The paths are the source tree's.) Run `tessera SUBCOMMAND --help` for a subcommand's options.";
+
+std::string version_text() {
+  const RuntimeInfo ri = runtime_info();
+  return std::string("tessera ") + TESSERA_VERSION + "\noneDNN " + ri.onednn_version + ", " + ri.isa + ", " +
+         std::to_string(ri.threads) + " threads, bf16 " + (ri.native_bf16 ? "native" : "emulated in f32");
+}
+
 void add_version(CLI::App& app, std::function<int()>* run) {
-  CLI::App* cmd = app.add_subcommand("version", "Print Tessera's version and the runtime it found");
+  CLI::App* cmd =
+      app.add_subcommand("version", "Print Tessera's version and the runtime it found (also --version)");
   cmd->callback([run] {
     *run = [] {
-      const RuntimeInfo ri = runtime_info();
-      std::printf("tessera %s\noneDNN %s, %s, %d threads, bf16 %s\n", TESSERA_VERSION, ri.onednn_version.c_str(),
-                  ri.isa.c_str(), ri.threads, ri.native_bf16 ? "native" : "emulated in f32");
+      std::printf("%s\n", version_text().c_str());
       return kExitOk;
     };
   });
+}
+
+// "tessera" or "tessera run": who speaks in a usage error about `app`.
+std::string who(const CLI::App& app) {
+  return app.get_parent() ? "tessera " + app.get_name() : std::string("tessera");
+}
+
+// A usage error about the first argument `app` could not place: an option it does not have (with
+// the nearest of its long options), a subcommand that does not exist (the root: the nearest
+// subcommand), or an argument too many. Returns the exit code.
+int report_unplaced(CLI::App& app, const std::string& arg) {
+  const std::string me = who(app);
+  if (arg.size() > 1 && arg[0] == '-') {
+    const std::string name = arg.substr(0, arg.find('='));  // --batch-size=4: the option is --batch-size
+    std::vector<std::string> longs;
+    for (const CLI::Option* o : app.get_options())
+      for (const std::string& l : o->get_lnames()) longs.push_back(l);
+    const std::string near = nearest_name(name.substr(name.find_first_not_of('-')), longs);
+    if (!near.empty()) {
+      std::fprintf(stderr, "%s: unknown option '%s'. Did you mean '--%s'?\n", me.c_str(), name.c_str(),
+                   near.c_str());
+    } else {
+      std::fprintf(stderr, "%s: unknown option '%s'; see `%s --help` for its options\n", me.c_str(),
+                   name.c_str(), me.c_str());
+    }
+    return kExitBadInput;
+  }
+  if (!app.get_parent()) {
+    std::vector<std::string> subs;
+    for (const CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
+      subs.push_back(s->get_name());
+    const std::string near = nearest_name(arg, subs);
+    if (!near.empty()) {
+      std::fprintf(stderr, "tessera: unknown subcommand '%s'. Did you mean '%s'?\n", arg.c_str(),
+                   near.c_str());
+    } else {
+      std::string list;
+      for (const std::string& s : subs) list += (list.empty() ? "" : ", ") + s;
+      std::fprintf(stderr,
+                   "tessera: unknown subcommand '%s'; the subcommands are: %s\nRun `tessera --help` for what "
+                   "each one does.\n",
+                   arg.c_str(), list.c_str());
+    }
+    return kExitBadInput;
+  }
+  std::fprintf(stderr, "%s: unexpected argument '%s'; see `%s --help` for its arguments\n", me.c_str(),
+               arg.c_str(), me.c_str());
+  return kExitBadInput;
+}
+
+// The first argument the parse left over, in the root or the chosen subcommand: reported, exit 2;
+// -1 when every argument found its place.
+int check_unplaced(CLI::App& app) {
+  if (!app.remaining().empty()) return report_unplaced(app, app.remaining().front());
+  for (CLI::App* sub : app.get_subcommands())
+    if (!sub->remaining().empty()) return report_unplaced(*sub, sub->remaining().front());
+  return -1;
 }
 
 }  // namespace
@@ -48,8 +127,16 @@ void add_schema_command(CLI::App& app, std::function<int()>* run) {
 
 int main(int argc, char** argv) {
   using namespace tessera::cli;
-  CLI::App app{"tessera: transformers over any modality, on oneDNN"};
-  app.require_subcommand(1);
+  CLI::App app{"tessera: transformers over any modality, on oneDNN", "tessera"};
+  // Arguments no option or subcommand takes are kept (subcommands inherit this) and reported by
+  // check_unplaced with the nearest name, instead of CLI11's "arguments were not expected".
+  app.allow_extras();
+  app.set_version_flag("--version", version_text, "print Tessera's version and the runtime it found");
+  app.footer(kExamples);
+  app.failure_message([](const CLI::App* root, const CLI::Error& e) {
+    const CLI::App* sub = root->get_subcommands().empty() ? root : root->get_subcommands().front();
+    return who(*sub) + ": " + e.what() + "\nRun `" + who(*sub) + " --help` for its usage.\n";
+  });
   std::function<int()> run;
   add_run_command(app, &run);
   add_generate_command(app, &run);
@@ -67,8 +154,17 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A missing required argument beside a mistyped one: the mistyped one is the news.
+    if (e.get_exit_code() != 0) {
+      if (const int rc = check_unplaced(app); rc >= 0) return rc;
+    }
     const int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitBadInput;
+  }
+  if (const int rc = check_unplaced(app); rc >= 0) return rc;
+  if (app.get_subcommands().empty()) {  // bare `tessera`: the help, on stdout
+    std::printf("%s", app.help().c_str());
+    return kExitOk;
   }
   return run ? run() : kExitBadInput;
 }

@@ -37,9 +37,10 @@ namespace tessera {
 // Where a value came from, and what is wrong with it.
 
 struct Location {
-  std::string file;  // the YAML file as named to the loader, or "<--set>" for an override
-  int line = 0;      // 1-based; 0 when unknown, and always 0 for "<--set>"
-  int col = 0;       // 1-based; for "<--set>", the override's 1-based index in LoadOptions::overrides
+  std::string file;  // the YAML file as named to the loader; for an override, "--set " + the
+                     // argument ("--set model.n_layers=2")
+  int line = 0;      // 1-based; 0 when unknown, and always 0 for an override
+  int col = 0;       // 1-based; for an override, the column in the argument (0: the whole of it)
 };
 
 struct Diagnostic {
@@ -48,7 +49,8 @@ struct Diagnostic {
   std::string problem;  // what is wrong, with the bad value
   std::string hint;     // what to do; may be empty
   // "file:line:col: key: problem (hint)"; without " (hint)" when there is none, without "key: "
-  // for problems of the file itself, and as "file: ..." when line and col are both 0.
+  // for problems of the file itself, as "file: ..." when line and col are both 0, and as
+  // "--set key=value, column 7: ..." for a place in an override (line 0).
   std::string str() const;
 };
 
@@ -279,7 +281,8 @@ struct Experiment {
 struct LoadOptions {
   // "key.path=value", value parsed as YAML, applied in order over the file before model.include
   // is resolved (so they override included keys too); relative paths in them are relative to the
-  // current directory.
+  // current directory. A number in the path indexes a list written in the file
+  // ("plugins.0.options.max_length=64", or "plugins[0]...."); the entry must exist.
   std::vector<std::string> overrides;
   size_t max_file_bytes = 16u << 20;    // larger files are refused
   int max_depth = 64;                   // nesting deeper than this is refused
@@ -311,6 +314,11 @@ struct KeySpec {
 };
 const std::vector<KeySpec>& config_schema();
 std::string schema_markdown();  // the generated table in docs/CONFIG.md
+
+// The candidate nearest to `word` by edit distance (a swap of two neighbours is one edit), or ""
+// when none is near enough to suggest: the "did you mean" of config errors, which `tessera` also
+// gives for a mistyped subcommand or option.
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates);
 
 // Names for the enums, as written in YAML.
 const char* arch_name(Arch a);

@@ -3,7 +3,7 @@
 //   GenerateOptions o;
 //   o.max_new_tokens = 32;
 //   o.temperature = 0.8;  o.top_k = 40;  o.seed = 1;     // temperature 0 (the default): greedy
-//   o.stop_ids = {50256};                                // GPT-2's <|endoftext|>
+//   o.eos_ids = {50256};                                 // GPT-2's <|endoftext|>
 //   o.decode = [&](const std::vector<int32_t>& ids) { return encoder.decode(ids); };
 //   o.stop_strings = {"\n\n"};
 //   Result<std::vector<Generation>> r = generate(model, {{464, 2068}, {40}}, o);
@@ -104,7 +104,10 @@ struct GenerateOptions {
   double repetition_penalty = 1.0;  // > 0: every token already in the sequence has its logit divided
                                     // by this when positive, multiplied when negative; 1: none
   uint64_t seed = 0;                // each sequence draws from its own Rng(seed)
-  std::vector<int32_t> stop_ids;    // a generated token among these ends the sequence ("eos")
+  // The model's own end of sequence (the tokenizer's EOS): a generated token among these ends the
+  // sequence with "eos".
+  std::vector<int32_t> eos_ids;
+  std::vector<int32_t> stop_ids;  // the caller's stop tokens: one of these ends it with "stop"
   // A sequence ends ("stop") as soon as its completion's text contains one of these; its text is
   // cut before the earliest occurrence. Needs `decode`.
   std::vector<std::string> stop_strings;
@@ -121,11 +124,13 @@ struct GenerateOptions {
 Status check_generate_options(const GenerateOptions& options);
 
 struct Generation {
-  std::vector<int32_t> ids;   // the new tokens, in order; a stop token (stop_ids) is the last one
-  std::string text;           // their text (decode), without a final stop token and cut before a
-                              // stop string; "" without decode
-  // "eos": a token of stop_ids; "stop": a stop string; "length": max_new_tokens, or the model's
-  // positions (positions.max_len of learned or sinusoidal positions) ran out (then `note` says so).
+  std::vector<int32_t> ids;  // the new tokens, in order; a final eos or stop token is the last one
+  std::string text;          // their text (decode), without a final eos or stop token and cut
+                             // before a stop string; "" without decode
+  // As transformers-style and OpenAI-style APIs name them: "eos": the model's end of sequence (a
+  // token of eos_ids); "stop": the caller's stop (a token of stop_ids, or a stop string);
+  // "length": max_new_tokens, or the model's positions (positions.max_len of learned or sinusoidal
+  // positions) ran out (then `note` says so). A token in both lists is "eos".
   std::string finish_reason;
   std::string note;
   int64_t prompt_tokens = 0;

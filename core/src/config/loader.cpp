@@ -21,7 +21,11 @@ namespace fs = std::filesystem;
 
 std::string Diagnostic::str() const {
   std::string s = where.file;
-  if (where.line > 0 || where.col > 0) s += ":" + std::to_string(where.line) + ":" + std::to_string(where.col);
+  if (where.line > 0) {
+    s += ":" + std::to_string(where.line) + ":" + std::to_string(where.col);
+  } else if (where.col > 0) {  // a place in a command-line argument
+    s += ", column " + std::to_string(where.col);
+  }
   s += ": ";
   if (!key.empty()) s += key + ": ";
   s += problem;
@@ -86,7 +90,7 @@ std::string WalkContext::dir_of(const Node& n) const {
 namespace {
 
 constexpr int kMaxIncludeDepth = 8;
-constexpr const char* kSetFile = "<--set>";
+constexpr const char* kSetPrefix = "--set ";  // an override's place is "--set " + the argument
 
 // The schema seen as a tree: rules by path, and the children of every section ("" is the top).
 struct SchemaIndex {
@@ -233,33 +237,87 @@ class Loader {
     return parse_yaml(text, shown, limits_, diags_, fixed);
   }
 
-  // --set key.path=value, in order; each one's location is <--set>, line 0, col = its 1-based index.
+  // --set key.path=value, in order. Each one's place is the pseudo-file "--set key.path=value",
+  // line 0, and the column in the argument: of each key of the path, and of the value's nodes.
   NodePtr apply_overrides(NodePtr root) {
-    add_file(kSetFile, "", fs::current_path());
-    auto file = std::make_shared<const std::string>(kSetFile);
-    for (size_t i = 0; i < options_.overrides.size(); ++i) {
-      const std::string& text = options_.overrides[i];
-      const SrcPos pos{file, 0, static_cast<int>(i + 1)};
+    for (const std::string& text : options_.overrides) {
+      const std::string shown = kSetPrefix + text;
+      add_file(shown, "", fs::current_path());
+      auto file = std::make_shared<const std::string>(shown);
       const size_t eq = text.find('=');
-      std::vector<std::string> keys = split_path(text.substr(0, eq == std::string::npos ? 0 : eq));
-      const bool empty_key = std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k.empty(); });
+      std::vector<PathKey> keys = override_keys(text.substr(0, eq == std::string::npos ? 0 : eq), file);
+      const bool empty_key =
+          std::any_of(keys.begin(), keys.end(), [](const PathKey& k) { return k.name.empty(); });
       if (eq == std::string::npos || empty_key) {
-        diags_->add(pos.location(), "", "malformed override \"" + text + "\": expected key.path=value",
-                    "for example --set model.n_layers=2");
+        diags_->add({shown, 0, 0}, "", "expected key.path=value", "for example --set model.n_layers=2");
         continue;
       }
-      // Below an open map (model.weights.inline) the rest of the path is one name.
-      for (const std::vector<std::string>& open : schema_index().open_maps) {
-        if (keys.size() > open.size() + 1 && std::equal(open.begin(), open.end(), keys.begin())) {
-          std::vector<std::string> rest(keys.begin() + open.size(), keys.end());
-          keys.resize(open.size());
-          keys.push_back(join(rest, "."));
-        }
+      const SrcPos value_at{file, 0, static_cast<int>(eq) + 2};  // the value's first column
+      NodePtr value = parse(text.substr(eq + 1), shown, &value_at);
+      if (!value) continue;
+      PathError error;
+      NodePtr next = set_path(root, keys, value, &error);
+      if (!next) {
+        diags_->add(error.at.location(), "", error.problem, error.hint);
+        continue;
       }
-      NodePtr value = parse(text.substr(eq + 1), kSetFile, &pos);
-      if (value) root = set_path(root, keys, value, pos);
+      root = std::move(next);
     }
     return root;
+  }
+
+  // The path of an override, "plugins.0.options.max_length", as keys with their columns. A number
+  // indexes a list (set_path); `name[3]` is `name.3`. Below an open map (model.weights.inline) the
+  // rest of the path is one name, dots and brackets included.
+  static std::vector<PathKey> override_keys(const std::string& path,
+                                            const std::shared_ptr<const std::string>& file) {
+    std::vector<PathKey> parts;
+    for (size_t start = 0;;) {
+      const size_t dot = path.find('.', start);
+      parts.push_back({path.substr(start, dot - start), {file, 0, static_cast<int>(start) + 1}});
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    size_t plain = parts.size();  // parts before this one may hold [N]
+    auto below = [&parts](const std::vector<std::string>& open) {
+      return parts.size() > open.size() &&
+             std::equal(open.begin(), open.end(), parts.begin(),
+                        [](const std::string& o, const PathKey& k) { return o == k.name; });
+    };
+    for (const std::vector<std::string>& open : schema_index().open_maps) {
+      if (!below(open)) continue;
+      PathKey rest = parts[open.size()];
+      for (size_t i = open.size() + 1; i < parts.size(); ++i) rest.name += "." + parts[i].name;
+      rest.name_only = true;
+      parts.resize(open.size());
+      parts.push_back(std::move(rest));
+      plain = open.size();
+    }
+    std::vector<PathKey> keys;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const PathKey& p = parts[i];
+      // name[3][4]: "name", "3", "4", each at its column; anything else is a name as it is
+      std::vector<PathKey> split;
+      const size_t open = p.name.find('[');
+      bool indices = i < plain && open != std::string::npos && p.name.back() == ']';
+      if (indices) {
+        if (open > 0) split.push_back({p.name.substr(0, open), p.pos});
+        for (size_t at = open; indices && at < p.name.size();) {
+          const size_t close = p.name.find(']', at);
+          const std::string digits = close == std::string::npos ? "" : p.name.substr(at + 1, close - at - 1);
+          indices = p.name[at] == '[' && !digits.empty() &&
+                    std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+          if (indices) split.push_back({digits, {file, 0, p.pos.col + static_cast<int>(at) + 1}});
+          at = close == std::string::npos ? p.name.size() : close + 1;
+        }
+      }
+      if (indices) {
+        keys.insert(keys.end(), split.begin(), split.end());
+      } else {
+        keys.push_back(p);
+      }
+    }
+    return keys;
   }
 
   // Replaces model.include by the included model, recursively; `chain` holds the files on the way

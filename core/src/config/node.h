@@ -54,21 +54,39 @@ struct ParseLimits {
   size_t max_nodes = 1'000'000;
 };
 
-// Parses one YAML document. `file` names it in locations and diagnostics. When `fixed_pos` is
-// given (a --set value), every node gets that location instead of its own. Problems go to diags;
-// returns nullptr when the text cannot be turned into a tree (syntax, bombs, cycles) and the tree
-// otherwise (a duplicated key keeps its first value). An empty document gives a null node.
+// Parses one YAML document. `file` names it in locations and diagnostics. When `inline_at` is
+// given (the value of a --set argument), the text is one line of a command: every node is placed
+// at line inline_at->line and at column inline_at->col plus its offset in `text`. Problems go to
+// diags; returns nullptr when the text cannot be turned into a tree (syntax, bombs, cycles) and
+// the tree otherwise (a duplicated key keeps its first value). An empty document gives a null node.
 NodePtr parse_yaml(const std::string& text, const std::string& file, const ParseLimits& limits,
-                   Diagnostics* diags, const SrcPos* fixed_pos = nullptr);
+                   Diagnostics* diags, const SrcPos* inline_at = nullptr);
 
 // `overlay` written over `base`: maps merge key by key (recursively, base's order first, new keys
 // after); anything else replaces. Used by model.include and by --set.
 NodePtr merge_nodes(const NodePtr& base, const NodePtr& overlay);
 
-// `root` with the value at `keys` (a path of map keys, created as needed, each at `pos`) merged
-// with `value` as merge_nodes does. A non-map on the way is replaced by a map.
-NodePtr set_path(const NodePtr& root, const std::vector<std::string>& keys, const NodePtr& value,
-                 const SrcPos& pos);
+// One step of a --set path, and where it is written in the argument.
+struct PathKey {
+  std::string name;
+  SrcPos pos;
+  bool name_only = false;  // a map key even when it is a number (a name below an open map)
+};
+
+// Why set_path could not follow a path: the problem, a hint, and the key it is about.
+struct PathError {
+  std::string problem, hint;
+  SrcPos at;
+};
+
+// `root` with the value at `keys` merged with `value` as merge_nodes does. Where the node on the
+// way is a sequence, the key is the 0-based index of one of its items, which must exist: that item
+// alone is replaced (or merged into); otherwise the key names a map entry, created as needed, and
+// a non-map on the way is replaced by a map. Returns nullptr with *error filled in when a key
+// cannot index a sequence (not a number, or out of range), and for a number where no list is
+// (nothing written there, or a scalar).
+NodePtr set_path(const NodePtr& root, const std::vector<PathKey>& keys, const NodePtr& value,
+                 PathError* error);
 
 // A map without `key`, and a map with the value of its existing `key` replaced.
 NodePtr without_key(const Node& map, const std::string& key);

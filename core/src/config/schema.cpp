@@ -294,7 +294,7 @@ bool read_number(const Node& n, const std::string& key, WalkContext& c, const st
   }
   if (!r.ok) {
     Location at = n.pos.location();
-    if (at.line > 0) at.col += static_cast<int>(r.error_offset) + (n.plain ? 0 : 1);
+    if (at.col > 0) at.col += static_cast<int>(r.error_offset) + (n.plain ? 0 : 1);
     constexpr size_t kShown = 40;
     const std::string text = n.text.size() > kShown ? n.text.substr(0, kShown) + "..." : n.text;
     c.error(at, key, entry + ": bad expression \"" + text + "\": " + r.error);
@@ -1171,11 +1171,12 @@ std::vector<KeyRule> build_rules() {
                               "generate: an item stops when its completion contains one of these; the "
                               "completion is cut before it",
                               FIELD(task.generate.stop)));
-  r.push_back(int_list_key("task.generate.stop_ids", kNonNegative,
-                           "generate: an item stops after generating one of these tokens (e.g. GPT-2's 50256); the "
-                           "plugin's own EOS joins them when it ends the prompt",
-                           nullptr, [](Experiment& e) -> std::vector<int64_t>& { return e.task.generate.stop_ids; },
-                           [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.generate.stop_ids; }));
+  r.push_back(int_list_key(
+      "task.generate.stop_ids", kNonNegative,
+      "generate: an item stops after generating one of these tokens (e.g. GPT-2's 50256), with "
+      "finish_reason stop; the plugin's own EOS, when it ends the prompt, stops it with eos",
+      nullptr, [](Experiment& e) -> std::vector<int64_t>& { return e.task.generate.stop_ids; },
+      [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.generate.stop_ids; }));
   r.push_back(string_key("outputs.dir", "runs/<experiment name>",
                          "the run folder, relative to the current directory", FIELD(outputs.dir)));
   r.push_back(bool_key("outputs.provenance", "true", "write each row's provenance (rows.jsonl)",
@@ -1560,6 +1561,10 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
 
 // ---------------------------------------------------------------------------------------------
 // The public side of the schema.
+
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates) {
+  return config::nearest(word, candidates);
+}
 
 const std::vector<KeySpec>& config_schema() {
   static const std::vector<KeySpec> specs = [] {

@@ -6,6 +6,7 @@
 #include <yaml-cpp/exceptions.h>
 #include <yaml-cpp/parser.h>
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -31,15 +32,18 @@ void report_too_deep(Diagnostics* diags, const SrcPos& at, int max_depth) {
 
 class TreeBuilder : public YAML::EventHandler {
  public:
-  TreeBuilder(const std::string& file, const ParseLimits& limits, Diagnostics* diags,
-              const SrcPos* fixed_pos)
+  TreeBuilder(const std::string& file, const ParseLimits& limits, Diagnostics* diags, const SrcPos* inline_at)
       : file_(std::make_shared<const std::string>(file)), limits_(limits), diags_(diags) {
-    if (fixed_pos) fixed_ = *fixed_pos;
+    if (inline_at) {
+      inline_ = true;
+      inline_at_ = *inline_at;
+    }
   }
 
   NodePtr root() const { return root_; }
   SrcPos pos(const YAML::Mark& m) const {
-    if (fixed_.file) return fixed_;
+    // Text of one argument: its offset in the text, from the value's column in the argument.
+    if (inline_) return {file_, inline_at_.line, inline_at_.col + std::max(m.pos, 0)};
     if (m.line < 0) return {file_, 0, 0};
     return {file_, m.line + 1, m.column + 1};
   }
@@ -240,7 +244,8 @@ class TreeBuilder : public YAML::EventHandler {
   std::shared_ptr<const std::string> file_;
   ParseLimits limits_;
   Diagnostics* diags_;
-  SrcPos fixed_;
+  bool inline_ = false;
+  SrcPos inline_at_;
   NodePtr root_;
   std::vector<Frame> stack_;
   std::unordered_map<YAML::anchor_t, NodePtr> anchors_;
@@ -368,8 +373,8 @@ size_t find_deep_flow(const std::string& s, int max_depth) {
 }  // namespace
 
 NodePtr parse_yaml(const std::string& text, const std::string& file, const ParseLimits& limits,
-                   Diagnostics* diags, const SrcPos* fixed_pos) {
-  TreeBuilder builder(file, limits, diags, fixed_pos);
+                   Diagnostics* diags, const SrcPos* inline_at) {
+  TreeBuilder builder(file, limits, diags, inline_at);
   const size_t deep = find_deep_flow(text, limits.max_depth);
   if (deep != std::string::npos) {
     YAML::Mark mark;

@@ -355,11 +355,16 @@ Result<std::vector<Generation>> generate(const Model& model, const std::vector<s
       g.ids.push_back(id);
       s.context.push_back(id);
       const int64_t made_n = static_cast<int64_t>(g.ids.size());
-      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end()) g.finish_reason = "eos";
+      if (std::find(o.eos_ids.begin(), o.eos_ids.end(), id) != o.eos_ids.end()) {
+        g.finish_reason = "eos";
+      } else if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end()) {
+        g.finish_reason = "stop";
+      }
+      const bool stop_token = !g.finish_reason.empty();  // kept in ids, left out of the text
       std::string text;
       if (want_text) {
         std::vector<int32_t> body = g.ids;
-        if (g.finish_reason == "eos") body.pop_back();
+        if (stop_token) body.pop_back();
         Result<std::string> t = o.decode(body);
         if (!t.ok()) return t.status().with_prefix("generate: decoding the completion of prompt " + std::to_string(i));
         text = std::move(t).value();
@@ -383,7 +388,7 @@ Result<std::vector<Generation>> generate(const Model& model, const std::vector<s
         g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (o.decode && !want_text) {  // the text once, at the end
           std::vector<int32_t> body = g.ids;
-          if (g.finish_reason == "eos") body.pop_back();
+          if (stop_token) body.pop_back();
           Result<std::string> t = o.decode(body);
           if (!t.ok()) return t.status().with_prefix("generate: decoding the completion of prompt " + std::to_string(i));
           text = std::move(t).value();

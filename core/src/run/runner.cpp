@@ -896,8 +896,8 @@ Status Runner::generate_records(const std::vector<Sequence>& seqs, std::vector<j
   for (size_t i = 0; i < seqs.size(); ++i) {
     std::vector<int32_t> eos;
     std::vector<int32_t> p = prompt_ids(seqs[i].rows, &eos);
-    for (int32_t id : eos)  // the tokenizer's own end of text stops the completion too
-      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) == o.stop_ids.end()) o.stop_ids.push_back(id);
+    for (int32_t id : eos)  // the tokenizer's own end of text: the model's EOS
+      if (std::find(o.eos_ids.begin(), o.eos_ids.end(), id) == o.eos_ids.end()) o.eos_ids.push_back(id);
     if (p.empty()) {
       records->push_back(json{{"t", "error"}, {"item", seqs[i].item}, {"id", seqs[i].id},
                           {"reason", seqs[i].id + ": the prompt has no token left once its closing special rows are "
