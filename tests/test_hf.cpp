@@ -2,8 +2,9 @@
 // (untied LM heads, BertForSequenceClassification, BertForMaskedLM, ViTModel's pooler), loaded from
 // small random checkpoints that tools/reference/make_hf_fixtures.py made with transformers 4.40.2,
 // matched per layer against the reference's own hidden states, pooled outputs, logits and
-// attention maps (1e-4 absolute, f32), on the oneDNN path and the reference loops. The plugins, configured from the folder alone, give
-// the reference's inputs. Bad folders give one clear message naming the file and the problem.
+// attention maps (1e-4 absolute, f32), on the oneDNN path and the reference loops. The plugins,
+// configured from the folder alone, give the reference's inputs. Bad folders give one clear
+// message naming the file and the problem.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -330,6 +331,32 @@ TEST(HfPlugins, TextAndProteinOptionsFromTheFolderGiveTheReferenceIds) {
   }
 }
 
+// A user comparing Tessera's ids with EsmTokenizer's on the same string gets the same ids: the
+// protein plugin as an ESM-2 folder configures it, on the strings of
+// tests/data/protein/esm_tokenizer.json (lower case, unknown runs, whitespace, special-token text).
+TEST(HfPlugins, ProteinFromAnEsmFolderGivesEsmTokenizerIdsOnAnyString) {
+  const hf::Folder f = import(kHf + "esm/model");
+  const std::vector<std::pair<std::string, std::string>> want = {{"tokenizer", "esm"}, {"uppercase", "false"}};
+  EXPECT_EQ(f.plugin_options, want);
+  const Experiment exp =
+      load("model: {from: hf, path: esm/model}\nplugins: [{name: protein, options: {max_length: 100000}}]\n");
+  const Encoder enc = encoder(exp);
+  std::ifstream in(std::string(TESSERA_TEST_DATA) + "/protein/esm_tokenizer.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  size_t checked = 0;
+  for (const char* list : {"cases", "fasta_records"}) {
+    for (const nlohmann::json& c : ref[list]) {
+      if (c.contains("refused")) continue;  // no protein sequence holds it: an error (test_plugin_protein)
+      const std::string text = c.value("text", c.value("record", ""));
+      std::vector<TokenRows> rows = encode(enc, "", text);
+      ASSERT_EQ(rows.size(), 1u) << text;
+      EXPECT_EQ(rows[0].ids, c["ids"].get<std::vector<int32_t>>()) << c["note"] << ": \"" << text << "\"";
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 400u);
+}
+
 TEST(HfPlugins, ImageAndAudioOptionsFromTheFolderGiveTheReferenceRows) {
   const std::string root = std::string(TESSERA_SOURCE_DIR) + "/";
   {
@@ -553,6 +580,15 @@ TEST(HfBadInput, MissingTokenizerFilesAreNamed) {
   Scratch v("vit", "pre");
   fs::remove(v.path("preprocessor_config.json"));
   EXPECT_NE(v.errors().find("missing preprocessor_config.json"), std::string::npos);
+}
+
+TEST(HfBadInput, AnEsmVocabularyOtherThanEsm2sAlphabetIsNamed) {
+  // The protein plugin gives ESM-2's ids: a vocab.txt in another order would silently mean others.
+  Scratch s("esm", "vocab");
+  replace_in(s, "vocab.txt", "L\nA\n", "A\nL\n");
+  const std::string e = s.errors();
+  EXPECT_NE(e.find(s.path("vocab.txt") + ": token 4 is \"A\" where ESM-2's alphabet has \"L\""), std::string::npos)
+      << e;
 }
 
 TEST(HfBadInput, BrokenJsonGivesLineAndColumn) {

@@ -332,6 +332,12 @@ int64_t num_labels(const json& cfg, const Json& J) {
   return J.i("num_labels", 2);
 }
 
+// ESM-2's 33 tokens in id order: the vocab.txt of every esm2_* checkpoint, and the protein
+// plugin's alphabet (plugins/protein/esm_alphabet.h).
+const std::vector<std::string> kEsm2Alphabet = {
+    "<cls>", "<pad>", "<eos>", "<unk>", "L", "A", "G", "V", "S", "E", "R", "T", "I", "D", "P", "K", "Q",
+    "N",     "F",     "Y",     "M",     "H", "W", "C", "X", "B", "U", "Z", "O", ".", "-", "<null_1>", "<mask>"};
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -837,15 +843,34 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       m.head.kind = HeadKind::pool;
       m.head.pool = PoolKind::mean;
     }
+    // The protein plugin: EsmTokenizer's rules (its default, written out so that the folder alone
+    // decides), over ESM-2's alphabet, which vocab.txt must list in the plugin's id order.
     out.plugin = "protein";
+    po.emplace_back("tokenizer", "esm");
+    po.emplace_back("uppercase", "false");  // EsmTokenizer has no lower-case tokens
     const std::string vocab = tok_file("vocab.txt", "the ESM alphabet");
     if (!vocab.empty()) {
       std::ifstream in(vocab);
-      int64_t n = 0;
-      for (std::string line; std::getline(in, line);) n += !line.empty();
-      if (n != m.stem.vocab_size)
-        c.err(vocab + ": " + std::to_string(n) + " tokens, but config.json's vocab_size is " +
+      // As EsmTokenizer reads it: one token a line, stripped; trailing blank lines aside.
+      std::vector<std::string> tokens;
+      const char* const blank = " \t\r\v\f";
+      for (std::string line; std::getline(in, line);) {
+        const size_t first = line.find_first_not_of(blank);
+        tokens.push_back(first == std::string::npos ? ""
+                                                    : line.substr(first, line.find_last_not_of(blank) + 1 - first));
+      }
+      while (!tokens.empty() && tokens.back().empty()) tokens.pop_back();
+      if (static_cast<int64_t>(tokens.size()) != m.stem.vocab_size)
+        c.err(vocab + ": " + std::to_string(tokens.size()) + " tokens, but config.json's vocab_size is " +
               std::to_string(m.stem.vocab_size) + " (the protein plugin gives ESM-2's 33-token alphabet)");
+      for (size_t i = 0; i < tokens.size() && i < kEsm2Alphabet.size(); ++i)
+        if (tokens[i] != kEsm2Alphabet[i]) {
+          c.err(vocab + ": token " + std::to_string(i) + " is \"" + tokens[i] + "\" where ESM-2's alphabet has \"" +
+                    kEsm2Alphabet[i] + "\"",
+                "the protein plugin gives ESM-2's ids (<cls> <pad> <eos> <unk> L A G V ...); a model with another "
+                "vocabulary needs its own tokenizer");
+          break;
+        }
     }
   }
 
