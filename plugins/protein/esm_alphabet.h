@@ -27,4 +27,12 @@ constexpr int32_t letter_id(char c) {
   return -1;
 }
 
+// The id of the <...> token that `text` starts with (<cls>, <pad>, <eos>, <unk>, <null_1>, <mask>),
+// or -1. No such token is a prefix of another, so at most one matches.
+constexpr int32_t angle_token_at(std::string_view text) {
+  for (int32_t id = 0; id < static_cast<int32_t>(kTokens.size()); ++id)
+    if (kTokens[id][0] == '<' && text.substr(0, kTokens[id].size()) == kTokens[id]) return id;
+  return -1;
+}
+
 }  // namespace tessera_protein

@@ -46,7 +46,8 @@ std::string hex_byte(unsigned char c) {
   return buf;
 }
 
-// The length of the well-formed UTF-8 character at text[i] (2..4 bytes), or 0.
+}  // namespace
+
 size_t utf8_length(std::string_view text, size_t i, uint32_t* code_point) {
   const unsigned char c = static_cast<unsigned char>(text[i]);
   size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
@@ -64,7 +65,6 @@ size_t utf8_length(std::string_view text, size_t i, uint32_t* code_point) {
   return n;
 }
 
-// How a message shows the byte at text[i]: 'J', 'é' (U+00E9), byte 0xFF (not UTF-8), byte 0x00.
 std::string describe_char(std::string_view text, size_t i) {
   const unsigned char c = static_cast<unsigned char>(text[i]);
   if (c >= 0x20 && c < 0x7F) return std::string("'") + static_cast<char>(c) + "'";
@@ -77,8 +77,6 @@ std::string describe_char(std::string_view text, size_t i) {
   }
   return "byte " + hex_byte(c) + " (not UTF-8)";
 }
-
-}  // namespace
 
 std::string item_message(const Item& item, const std::string& name, size_t offset, const std::string& what) {
   const std::string_view text = item.text();
@@ -95,8 +93,8 @@ std::string item_message(const Item& item, const std::string& name, size_t offse
          (subject.empty() ? "" : subject + ": ") + what;
 }
 
-FastaReader::FastaReader(bool uppercase, bool unknown_is_error)
-    : uppercase_(uppercase), unknown_is_error_(unknown_is_error) {
+FastaReader::FastaReader(bool uppercase, bool unknown_is_error, bool merge_unknown_runs)
+    : uppercase_(uppercase), unknown_is_error_(unknown_is_error), merge_unknown_runs_(merge_unknown_runs) {
   action_.fill(kBad);
   for (int c = 0; c < 256; ++c) {
     const bool lower = c >= 'a' && c <= 'z';
@@ -136,6 +134,7 @@ Record FastaReader::read(const Item& item) const {
   r.ids.reserve(text.size() - i);
   size_t stop_at = std::string_view::npos;  // where a '*' was seen
   bool line_start = !has_header;
+  bool in_unknown_run = false;  // the last residue was an unknown letter (blanks between do not count)
   for (; i < text.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
     const int16_t a = action_[c];
@@ -148,6 +147,7 @@ Record FastaReader::read(const Item& item) const {
           "record");
     if (a >= 0) {
       r.ids.push_back(a);
+      in_unknown_run = false;
       continue;
     }
     switch (a) {
@@ -160,10 +160,16 @@ Record FastaReader::read(const Item& item) const {
               describe_char(text, i) + " is not in the ESM-2 alphabet" +
                   (!uppercase_ && c >= 'a' && c <= 'z' ? " (its letters are upper case: set uppercase: true)"
                                                        : " (set unknown: unk to read it as <unk>)"));
-        r.ids.push_back(kUnk);
+        if (merge_unknown_runs_ && in_unknown_run) {
+          r.extend_last();  // the run's <unk> stands for one more residue
+        } else {
+          r.ids.push_back(kUnk);
+        }
+        in_unknown_run = true;
         break;
       case kToken: {
         const std::string_view rest = text.substr(i);
+        in_unknown_run = false;
         if (rest.substr(0, 6) == "<mask>") {
           r.ids.push_back(kMask);
           i += 5;

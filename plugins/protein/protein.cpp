@@ -1,12 +1,15 @@
-// The protein plugin: one FASTA record or bare sequence -> ESM-2 ids <cls> residues <eos>, one row
-// per residue with its absolute index as provenance, under a length policy (error, truncate, or
-// overlapping windows). Reading the record is fasta_record.cpp's; splitting files is the host's.
+// The protein plugin: one FASTA record or bare sequence -> ESM-2 ids <cls> tokens <eos>, as
+// transformers' EsmTokenizer gives them (tokenizer: esm) or one row per residue (tokenizer:
+// residues), each row with the residues it stands for as provenance, under a length policy (error,
+// truncate, or overlapping windows). Reading a record is fasta_record.cpp's, EsmTokenizer's rules
+// for bare text esm_text.cpp's; splitting files is the host's.
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "esm_alphabet.h"
+#include "esm_text.h"
 #include "fasta_record.h"
 #include "tessera/plugin.hpp"
 
@@ -32,6 +35,14 @@ bool bool_of(const Options& o, const std::string& name) {
   const std::string& s = o.text(name);
   if (s != "true" && s != "false") fail(TSR_INVALID_ARGUMENT, "\"" + s + "\" is not true or false", name);
   return s == "true";
+}
+
+// tokenizer: esm (EsmTokenizer's rules) or residues (one row per residue letter).
+bool esm_of(const Options& o) {
+  const std::string& s = o.text("tokenizer");
+  if (s != "esm" && s != "residues")
+    fail(TSR_INVALID_ARGUMENT, "\"" + s + "\" is no tokenizer: use esm or residues", "tokenizer");
+  return s == "esm";
 }
 
 bool unknown_is_error(const Options& o) {
@@ -66,19 +77,19 @@ tsr_role role_of(int32_t id) {
 class Protein {
  public:
   explicit Protein(const Options& o)
-      : max_length_(checked_max_length(o)),
+      : esm_(esm_of(o)),
+        max_length_(checked_max_length(o)),
         policy_(policy_of(o.text("length_policy"))),
         stride_(o.get_int("stride")),
-        reader_(bool_of(o, "uppercase"), unknown_is_error(o)) {
+        reader_(bool_of(o, "uppercase"), unknown_is_error(o), esm_),
+        splitter_(bool_of(o, "uppercase"), unknown_is_error(o)) {
     const int64_t window = max_length_ - 2;
     if (stride_ < 0 || stride_ > window)
       fail(TSR_INVALID_ARGUMENT,
-           "stride " + std::to_string(stride_) +
-               " is out of range: residues from one window's start to the next, "
-               "from 1 to max_length - 2 = " +
+           "stride " + std::to_string(stride_) + " is out of range: " + unit() +
+               " from one window's start to the next, from 1 to max_length - 2 = " +
                std::to_string(window) +
-               " (a larger stride would skip residues), or 0 "
-               "for half a window",
+               " (a larger stride would skip " + unit() + "), or 0 for half a window",
            "stride");
     if (stride_ == 0) stride_ = window / 2 > 0 ? window / 2 : 1;
   }
@@ -94,19 +105,22 @@ class Protein {
   }
 
   std::vector<Sequence> encode(const Item& item) const {
-    const Record r = reader_.read(item);
+    // A FASTA record is read as FASTA (its sequence lines, layout aside); under tokenizer: esm a
+    // bare sequence is EsmTokenizer's input string as it is (what no protein holds refused).
+    const std::string_view text = item.text();
+    const Record r = esm_ && (text.empty() || text[0] != '>') ? splitter_.split(item) : reader_.read(item);
     const size_t n = r.ids.size();
     const size_t window = static_cast<size_t>(max_length_ - 2);
-    if (n <= window && policy_ != LengthPolicy::windows) return {rows(r.ids, 0, n, "")};
+    if (n <= window && policy_ != LengthPolicy::windows) return {rows(r, 0, n, "")};
     switch (policy_) {
       case LengthPolicy::error:
         fail(TSR_OUT_OF_RANGE, item_message(item, r.name, 0,
-                                            std::to_string(n) + " residues do not fit max_length " +
+                                            std::to_string(n) + " " + unit() + " do not fit max_length " +
                                                 std::to_string(max_length_) + " (" + std::to_string(window) +
-                                                " residues + <cls> + <eos>): set length_policy to "
+                                                " " + unit() + " + <cls> + <eos>): set length_policy to "
                                                 "truncate or windows, or raise max_length"));
       case LengthPolicy::truncate:
-        return {rows(r.ids, 0, window, "")};
+        return {rows(r, 0, window, "")};
       case LengthPolicy::windows:
         break;
     }
@@ -115,7 +129,7 @@ class Protein {
     std::vector<Sequence> out;
     for (size_t begin = 0;; begin += static_cast<size_t>(stride_)) {
       const size_t end = begin + window < n ? begin + window : n;
-      out.push_back(rows(r.ids, begin, end, std::string("w").append(std::to_string(out.size()))));
+      out.push_back(rows(r, begin, end, std::string("w").append(std::to_string(out.size()))));
       if (end == n) break;
     }
     return out;
@@ -139,8 +153,12 @@ class Protein {
   }
 
  private:
-  // <cls> ids[begin, end) <eos>, each residue row with its absolute index [i, i+1) as provenance.
-  static Sequence rows(const std::vector<int32_t>& ids, size_t begin, size_t end, std::string label) {
+  // What one row of sequence is, in messages.
+  const char* unit() const { return esm_ ? "tokens" : "residues"; }
+
+  // <cls> tokens [begin, end) <eos>, each token row with the absolute residue indices it stands for
+  // as provenance ([i, i+1) for one residue).
+  static Sequence rows(const Record& r, size_t begin, size_t end, std::string label) {
     Sequence s;
     s.kind = TSR_ROWS_IDS;
     const size_t n = end - begin + 2;
@@ -149,45 +167,60 @@ class Protein {
     s.roles.reserve(n);
     s.provenance.reserve(n);
     s.add_id(kCls, TSR_ROLE_CLS, tessera::plugin::no_provenance());
-    for (size_t i = begin; i < end; ++i)
-      s.add_id(ids[i], role_of(ids[i]),
-               tessera::plugin::residues(static_cast<double>(i), static_cast<double>(i + 1)));
+    int64_t offset = 0;  // extra residues of the runs before token i
+    size_t k = 0;        // the next run
+    while (k < r.runs.size() && r.runs[k].first < begin) offset += r.runs[k++].second;
+    for (size_t i = begin; i < end; ++i) {
+      const double first = static_cast<double>(static_cast<int64_t>(i) + offset);
+      if (k < r.runs.size() && r.runs[k].first == i) offset += r.runs[k++].second;
+      s.add_id(r.ids[i], role_of(r.ids[i]),
+               tessera::plugin::residues(first, static_cast<double>(static_cast<int64_t>(i) + 1 + offset)));
+    }
     s.add_id(kEos, TSR_ROLE_EOS, tessera::plugin::no_provenance());
     s.label = std::move(label);
     return s;
   }
 
+  bool esm_;
   int64_t max_length_;
   LengthPolicy policy_;
   int64_t stride_;
   FastaReader reader_;
+  EsmTextSplitter splitter_;
 };
 
 const tsr_option_spec kOptions[] = {
+    {sizeof(tsr_option_spec), "tokenizer", TSR_OPT_ENUM, "esm",
+     "esm: transformers' EsmTokenizer's ids (a run of unknown letters is one <unk>, whitespace cuts "
+     "runs, <cls> etc. written out are tokens; a FASTA record's sequence is its lines joined; a "
+     "character no protein sequence holds fails the item); residues: one row per residue letter, one "
+     "<unk> per unknown letter",
+     "esm|residues"},
     {sizeof(tsr_option_spec), "max_length", TSR_OPT_INT, "1024",
      "rows per sequence, <cls> and <eos> included (ESM-2: 1024 = 1022 residues + 2)", nullptr},
     {sizeof(tsr_option_spec), "length_policy", TSR_OPT_ENUM, "error",
-     "a longer sequence fails the item (error), keeps its first max_length - 2 residues (truncate), or "
-     "becomes "
-     "overlapping windows w0, w1, ... (windows)",
+     "a longer sequence fails the item (error), keeps its first max_length - 2 tokens (truncate), or "
+     "becomes overlapping windows w0, w1, ... (windows)",
      "error|truncate|windows"},
     {sizeof(tsr_option_spec), "stride", TSR_OPT_INT, "0",
-     "windows: residues from one window's start to the next, 1 to max_length - 2; 0 = half a window",
+     "windows: tokens (rows) from one window's start to the next, 1 to max_length - 2; 0 = half a window",
      nullptr},
-    {sizeof(tsr_option_spec), "uppercase", TSR_OPT_BOOL, "true",
-     "read lower-case letters as their residues; false: they are unknown letters", nullptr},
+    {sizeof(tsr_option_spec), "uppercase", TSR_OPT_BOOL, "false",
+     "read lower-case letters as their upper-case residues; false: they are unknown letters, as in "
+     "EsmTokenizer",
+     nullptr},
     {sizeof(tsr_option_spec), "unknown", TSR_OPT_ENUM, "unk",
-     "a letter outside the ESM-2 alphabet (J, or lower case when uppercase is false) reads as <unk>, or "
-     "fails the "
-     "item (error)",
+     "what the vocabulary lacks (J, lower case unless uppercase, and under tokenizer: esm a bare "
+     "sequence's final '*') reads as <unk>, or fails the item (error)",
      "unk|error"},
 };
 
 const tsr_plugin_info kInfo = {sizeof(tsr_plugin_info),
                                "protein",
                                "protein",
-                               "1.0.0",
-                               "protein sequences (FASTA records or bare sequences) as ESM-2 token ids",
+                               "1.1.0",
+                               "protein sequences (FASTA records or bare sequences) as ESM-2 token ids, "
+                               "as EsmTokenizer gives them",
                                kOptions,
                                sizeof(kOptions) / sizeof(kOptions[0]),
                                TSR_INPUT_TEXT,

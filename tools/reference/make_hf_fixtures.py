@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Hugging Face parity fixtures: five tiny models with random weights, and what HF computes with them.
+"""Hugging Face parity fixtures: tiny models with random weights, and what HF computes with them.
 
-For each family (bert, gpt2, vit, esm, ast) this builds a small transformers model from a config
+For each family (bert, gpt2, vit, esm, ast), and for the other classes and settings the C++ import
+maps (gpt2_untied, bert_cls, bert_mlm, bert_mlm_untied, vit_pooler, esm_untied), this builds a small transformers model from a config
 (no download), randomises every weight, bias and LayerNorm with a fixed seed, saves it as a
 Hugging Face model folder (config, weights, tokenizer or preprocessor files, as HF writes them),
 reloads that folder in float32 and records, per real input item, the model input, the
@@ -13,7 +14,8 @@ Developer tool only: the product, its build and its tests never run Python.
 
 Needs transformers 4.40.2, torch 1.13, tokenizers 0.19.1, safetensors, numpy, Pillow (no
 torchaudio: ASTFeatureExtractor then uses its NumPy path). Deterministic: rerunning rewrites the
-same bytes.
+same bytes on one machine (another CPU's torch kernels may move reference tensors by ~1e-5, so
+regenerate only the folders you change).
 """
 import hashlib
 import json
@@ -241,7 +243,7 @@ nothing here is read by the product or its build.
 ## Files
 
 - `model/` — the Hugging Face model folder, written by `save_pretrained` of the model and of its
-  {"tokenizer" if family in ("bert", "gpt2", "esm") else "preprocessor"} (exactly what HF writes).
+  {"tokenizer" if family.split("_")[0] in ("bert", "gpt2", "esm") else "preprocessor"} (exactly what HF writes).
 - `reference.safetensors` — the reference, computed by HF from `model/` reloaded in float32, each
   item run alone (batch 1, no padding, `eval()`, `no_grad()`). float32; ids int32. Tensors:
   {names} (`<n>` = item, or layer then item: `layer.<l>.<i>`). Shapes are in `reference.json`.
@@ -295,22 +297,19 @@ GPT2_ITEMS = [(2, 3), (120, 4), (1500, 7), (6, 7)]
 # bert
 
 
-def make_bert():
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+def bert_mini_tokenizer(model_dir: pathlib.Path, texts):
+    """A lower-case WordPiece tokenizer over a subset of BERT uncased, saved into model_dir.
 
-    family, seed = "bert", SEEDS["bert"]
-    d = fresh_dir(family)
-    lines = corpus_lines()
-    texts = [kjv_text(lines, n) if how == "verse" else lines[n - 1] for n, how in BERT_ITEMS]
+    Mini vocabulary: the specials plus every token the real uncased vocabulary gives on `texts`,
+    kept in the real file's order. Greedy longest-match WordPiece then segments those texts exactly
+    as with the full vocabulary (checked). Returns (tokenizer reloaded from model_dir, the mini
+    vocabulary, the number of texts checked).
+    """
+    from transformers import BertTokenizerFast
 
-    # Mini vocabulary: the specials plus every token the real uncased vocabulary gives on the items
-    # and on BERT_VOCAB_LINES corpus lines spread evenly, kept in the real file's order. Greedy
-    # longest-match WordPiece then segments those texts exactly as with the full vocabulary.
     real = BertTokenizerFast(vocab_file=str(TEXT / "vocab.txt"), do_lower_case=True)
-    step = len(lines) // BERT_VOCAB_LINES
-    vocab_lines = [lines[i] for i in range(0, step * BERT_VOCAB_LINES, step)]
     keep = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}
-    for t in texts + vocab_lines:
+    for t in texts:
         keep.update(real.tokenize(t))
     full_vocab = (TEXT / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
     mini = [t for t in full_vocab if t in keep]
@@ -319,12 +318,26 @@ def make_bert():
         vfile = pathlib.Path(tmp) / "vocab.txt"
         vfile.write_text("".join(t + "\n" for t in mini), encoding="utf-8")
         tok = BertTokenizerFast(vocab_file=str(vfile), do_lower_case=True, model_max_length=64)
-        tok.save_pretrained(str(d / "model"))
-    tok = BertTokenizerFast.from_pretrained(str(d / "model"))
+        tok.save_pretrained(str(model_dir))
+    tok = BertTokenizerFast.from_pretrained(str(model_dir))
     same = 0
-    for t in texts + vocab_lines:
+    for t in texts:
         assert tok.tokenize(t) == real.tokenize(t), t
         same += 1
+    return tok, mini, same
+
+
+def make_bert():
+    from transformers import BertConfig, BertModel
+
+    family, seed = "bert", SEEDS["bert"]
+    d = fresh_dir(family)
+    lines = corpus_lines()
+    texts = [kjv_text(lines, n) if how == "verse" else lines[n - 1] for n, how in BERT_ITEMS]
+
+    step = len(lines) // BERT_VOCAB_LINES
+    vocab_lines = [lines[i] for i in range(0, step * BERT_VOCAB_LINES, step)]
+    tok, mini, same = bert_mini_tokenizer(d / "model", texts + vocab_lines)
 
     config = BertConfig(vocab_size=len(mini), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                         intermediate_size=64, hidden_act="gelu", max_position_embeddings=64, type_vocab_size=2,
@@ -438,17 +451,15 @@ def write_sentence_transformers_files(model_dir: pathlib.Path, dim: int, max_seq
 # gpt2
 
 
-def make_gpt2():
+def gpt2_tokenizer(model_dir: pathlib.Path, lines):
+    """A 400-token byte-level BPE trained on the corpus, saved into model_dir as GPT2TokenizerFast.
+
+    Rebuilt from its vocab.json + merges.txt it must tokenize every corpus line as the trained
+    tokenizer does. Returns (tokenizer reloaded from model_dir, the number of lines checked).
+    """
     from tokenizers import ByteLevelBPETokenizer
-    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+    from transformers import GPT2TokenizerFast
 
-    family, seed = "gpt2", SEEDS["gpt2"]
-    d = fresh_dir(family)
-    lines = corpus_lines()
-    texts = [" ".join(kjv_text(lines, n).split(" ")[:words]) for n, words in GPT2_ITEMS]
-
-    # A 400-token byte-level BPE trained on the corpus; GPT2TokenizerFast rebuilt from its
-    # vocab.json + merges.txt must tokenize every corpus line as the trained tokenizer does.
     bpe = ByteLevelBPETokenizer()
     bpe.train(files=[str(CORPUS)], vocab_size=400, min_frequency=2, special_tokens=["<|endoftext|>"],
               show_progress=False)
@@ -457,12 +468,24 @@ def make_gpt2():
         tok = GPT2TokenizerFast(vocab_file=os.path.join(tmp, "vocab.json"), merges_file=os.path.join(tmp, "merges.txt"),
                                 unk_token="<|endoftext|>", bos_token="<|endoftext|>", eos_token="<|endoftext|>",
                                 model_max_length=64)
-        tok.save_pretrained(str(d / "model"))
-    tok = GPT2TokenizerFast.from_pretrained(str(d / "model"))
+        tok.save_pretrained(str(model_dir))
+    tok = GPT2TokenizerFast.from_pretrained(str(model_dir))
     n_corpus = 0
     for line in lines:
         assert tok(line)["input_ids"] == bpe.encode(line).ids, line
         n_corpus += 1
+    return tok, n_corpus
+
+
+def make_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    family, seed = "gpt2", SEEDS["gpt2"]
+    d = fresh_dir(family)
+    lines = corpus_lines()
+    texts = [" ".join(kjv_text(lines, n).split(" ")[:words]) for n, words in GPT2_ITEMS]
+
+    tok, n_corpus = gpt2_tokenizer(d / "model", lines)
     eos = tok.eos_token_id
 
     config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=3, n_head=4, n_positions=64,
@@ -572,6 +595,8 @@ step (the raw logits of the last row; they equal a full forward of the whole seq
 VIT_ITEMS = [("tests/data/image/chelsea.jpg", 32), ("tests/data/image/astronaut.png", 32),
              ("tests/data/image/chelsea.jpg", 48)]
 VIT_LABELS = ["cat", "person", "food", "vehicle", "other"]
+VIT_PROC_ARGS = dict(do_resize=True, resample=2, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+                     image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
 
 
 def load_rgb(path: pathlib.Path) -> Image.Image:
@@ -583,8 +608,7 @@ def make_vit():
 
     family, seed = "vit", SEEDS["vit"]
     d = fresh_dir(family)
-    proc_args = dict(do_resize=True, resample=2, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
-                     image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    proc_args = VIT_PROC_ARGS
     ViTImageProcessor(size={"height": 32, "width": 32}, **proc_args).save_pretrained(str(d / "model"))
 
     config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=3,
@@ -956,7 +980,391 @@ from the (mel, frames) transpose of the input, so they are ordered frequency-maj
     write_family(family, tensors, info, readme)
 
 
-FAMILIES = {"bert": make_bert, "gpt2": make_gpt2, "vit": make_vit, "esm": make_esm, "ast": make_ast}
+# ---------------------------------------------------------------------------------------------
+# variants: the other classes and config.json settings the C++ import maps (untied LM heads,
+# BertForSequenceClassification, BertForMaskedLM, ViTModel with its pooler), each a small
+# float32 model of 2 layers with its own seed.
+
+VARIANT_SEEDS = {"gpt2_untied": 20240706, "bert_cls": 20240707, "bert_mlm": 20240708, "bert_mlm_untied": 20240709,
+                 "vit_pooler": 20240710, "esm_untied": 20240711}
+VARIANT_LAYERS = 2
+BERT_CLS_LABELS = ["negative", "neutral", "positive"]
+BERT_TEXT_LICENCES = ("- `model/vocab.txt` and `tokenizer.json` list a subset of Google's BERT uncased vocabulary, "
+                      "Apache-2.0 (`LICENSE.Apache-2.0`, copied from `tests/data/text/`).\n"
+                      "- Item texts: King James Bible verses (public domain; see `tests/data/text/README.md`).")
+
+
+def variant_info(family, hf_class, config, d, items, **extra):
+    return {"family": family, "versions": versions(), "seed": VARIANT_SEEDS[family], "hf_class": hf_class,
+            "config": config, "n_layers": VARIANT_LAYERS, "weights": weight_files(d / "model"),
+            "weights_dtype": "float32", "init": INIT_NOTE, **extra, "items": items}
+
+
+def record_layers(tensors, i, inputs, emb, layers, final):
+    tensors[f"inputs.{i}"] = inputs
+    tensors[f"embeddings.{i}"] = f32(emb[0])
+    for l, h in enumerate(layers):
+        tensors[f"layer.{l}.{i}"] = f32(h[0])
+    tensors[f"final.{i}"] = f32(final[0])
+
+
+def untied_check(logits, final, table):
+    """How far the untied head's logits are from the tied reading (final · tableᵀ): must matter at 1e-4."""
+    gap = max_abs(logits, final @ table.T)
+    assert gap > 0.1, gap
+    return gap
+
+
+def make_gpt2_untied():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    family = "gpt2_untied"
+    seed = VARIANT_SEEDS[family]
+    d = fresh_dir(family)
+    lines = corpus_lines()
+    texts = [" ".join(kjv_text(lines, n).split(" ")[:words]) for n, words in GPT2_ITEMS[:3]]
+    tok, n_corpus = gpt2_tokenizer(d / "model", lines)
+    eos = tok.eos_token_id
+    config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=VARIANT_LAYERS, n_head=4, n_positions=64,
+                        activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=False,
+                        bos_token_id=eos, eos_token_id=eos)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    randomise(model, seed)
+    model.eval()
+    model.save_pretrained(str(d / "model"))
+    assert "lm_head.weight" in safetensors_header(d / "model" / "model.safetensors")
+    ref = GPT2LMHeadModel.from_pretrained(str(d / "model"), torch_dtype=torch.float32).eval()
+    assert ref.lm_head.weight.data_ptr() != ref.transformer.wte.weight.data_ptr() and ref.lm_head.bias is None
+
+    tensors, items, gaps = {}, [], []
+    with torch.no_grad():
+        for i, text in enumerate(texts):
+            ids = tok(text, return_tensors="pt")["input_ids"]
+            out, emb, layers = capture(ref.transformer.drop, ref.transformer.h, lambda: ref(
+                input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True))
+            check_hidden_states(out.hidden_states, emb, layers, last_is_final_norm=True)
+            final = out.hidden_states[-1]
+            assert max_abs(ref.transformer.ln_f(layers[-1]), final) == 0
+            assert max_abs(final @ ref.lm_head.weight.T, out.logits) == 0  # no bias
+            gaps.append(untied_check(out.logits[0], final[0], ref.transformer.wte.weight))
+            record_layers(tensors, i, i32(ids[0]), emb, layers, final)
+            tensors[f"logits.{i}"] = f32(out.logits[0])
+            n, words = GPT2_ITEMS[i]
+            items.append({"text": text, "source": f"tests/data/text/corpus.txt line {n}: the first {words} words "
+                                                  "of its verse text (indentation and verse number removed)",
+                          "tokens": tok.convert_ids_to_tokens(ids[0].tolist()), "rows": int(ids.shape[1])})
+
+    cfg = {"vocab_size": config.vocab_size, "n_embd": 32, "n_layer": VARIANT_LAYERS, "n_head": 4, "n_positions": 64,
+           "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}
+    info = variant_info(family, "GPT2LMHeadModel", cfg, d, items,
+                        tokenizer_class="GPT2TokenizerFast (the byte-level BPE of tests/data/hf/gpt2, trained again)",
+                        inputs="input_ids of tokenizer(text) (GPT-2 adds no special token); attention_mask all 1",
+                        logits="logits.<i> = final.<i> · lm_head.weightᵀ (its own matrix, no bias)",
+                        tied_reading_max_abs_diff=min(gaps))
+    body = f"""## The model
+
+`GPT2LMHeadModel` with `tie_word_embeddings: false`: the LM head is its own matrix, saved as
+`lm_head.weight` (V, C) = ({len(tok)}, 32), without a bias (GPT-2's `lm_head` has none). n_embd 32,
+{VARIANT_LAYERS} layers, 4 heads, MLP 128, 64 positions, `gelu_new`, LayerNorm eps 1e-5. float32,
+one `model.safetensors`. Tokenizer: the byte-level BPE of `tests/data/hf/gpt2` (trained again on
+the corpus, the same files).
+
+Tensors: `embeddings` = wte[ids] + wpe[0..T-1]; `layer.<l>` each `GPT2Block`; `final` = ln_f;
+`logits` (T, V) = final · lm_headᵀ. Reading the head as tied (final · wteᵀ) would be off by at
+least {min(gaps):.2f} on every item."""
+    licences = ("- The BPE vocabulary and merges are statistics of `tests/data/text/corpus.txt`: see "
+                "`tests/data/text/README.md` for each source's licence.\n"
+                "- Prompts: King James Bible (public domain).")
+    write_family(family, tensors, info, ("GPT2LMHeadModel (untied)", body, items_table(items, "text"), licences))
+
+
+# (corpus line, how the text is taken) as BERT_ITEMS; the masked-LM items put [MASK] in place of
+# words of the verse.
+BERT_VARIANT_ITEMS = [(120, "verse"), (39, "verse"), (6, "verse")]
+BERT_MLM_MASKED = {1: [2, 5]}  # item -> word indices (0-based, split at spaces) replaced by [MASK]
+
+
+def bert_variant_texts(masked):
+    lines = corpus_lines()
+    texts = []
+    for i, (n, how) in enumerate(BERT_VARIANT_ITEMS):
+        text = kjv_text(lines, n) if how == "verse" else lines[n - 1]
+        if masked and i in BERT_MLM_MASKED:
+            words = text.split(" ")
+            for w in BERT_MLM_MASKED[i]:
+                words[w] = "[MASK]"
+            text = " ".join(words)
+        texts.append(text)
+    return texts
+
+
+def bert_variant_config(vocab_size, pad_id, **kw):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=VARIANT_LAYERS, num_attention_heads=4,
+                      intermediate_size=64, hidden_act="gelu", max_position_embeddings=64, type_vocab_size=2,
+                      layer_norm_eps=1e-12, pad_token_id=pad_id, **kw)
+
+
+def bert_variant_cfg(config):
+    return {"vocab_size": config.vocab_size, "hidden_size": 32, "num_hidden_layers": VARIANT_LAYERS,
+            "num_attention_heads": 4, "intermediate_size": 64, "hidden_act": "gelu", "max_position_embeddings": 64,
+            "type_vocab_size": 2, "layer_norm_eps": 1e-12, "tie_word_embeddings": config.tie_word_embeddings}
+
+
+def bert_item(i, text, tok, ids):
+    n, how = BERT_VARIANT_ITEMS[i]
+    return {"text": text, "source": f"tests/data/text/corpus.txt line {n} (verse text)" +
+            (" with words replaced by [MASK]" if "[MASK]" in text else ""),
+            "tokens": tok.convert_ids_to_tokens(ids[0].tolist()), "rows": int(ids.shape[1])}
+
+
+def make_bert_cls():
+    from transformers import BertForSequenceClassification
+
+    family = "bert_cls"
+    seed = VARIANT_SEEDS[family]
+    d = fresh_dir(family)
+    texts = bert_variant_texts(masked=False)
+    tok, mini, _ = bert_mini_tokenizer(d / "model", texts)
+    config = bert_variant_config(len(mini), tok.pad_token_id, num_labels=len(BERT_CLS_LABELS),
+                                 id2label=dict(enumerate(BERT_CLS_LABELS)),
+                                 label2id={n: i for i, n in enumerate(BERT_CLS_LABELS)})
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config)
+    randomise(model, seed)
+    model.eval()
+    model.save_pretrained(str(d / "model"))
+    ref = BertForSequenceClassification.from_pretrained(str(d / "model"), torch_dtype=torch.float32).eval()
+
+    tensors, items = {}, []
+    with torch.no_grad():
+        for i, text in enumerate(texts):
+            ids = tok(text, return_tensors="pt")["input_ids"]
+            out, emb, layers = capture(ref.bert.embeddings, ref.bert.encoder.layer, lambda: ref(
+                input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True))
+            check_hidden_states(out.hidden_states, emb, layers, last_is_final_norm=False)
+            pooled = ref.bert.pooler(layers[-1])
+            assert max_abs(ref.classifier(pooled), out.logits) == 0
+            record_layers(tensors, i, i32(ids[0]), emb, layers, layers[-1])
+            tensors[f"pooled.{i}"] = f32(pooled[0])
+            tensors[f"logits.{i}"] = f32(out.logits[0])
+            items.append(bert_item(i, text, tok, ids))
+
+    info = variant_info(family, "BertForSequenceClassification", {**bert_variant_cfg(config),
+                        "num_labels": 3, "id2label": BERT_CLS_LABELS}, d, items,
+                        tokenizer_class="BertTokenizerFast (do_lower_case=True), a subset of BERT uncased",
+                        inputs="input_ids of tokenizer(text) with [CLS]/[SEP]; token_type_ids 0; attention_mask 1",
+                        pooled="pooled.<i> = tanh(dense(final.<i>[0])) (bert.pooler)",
+                        logits="logits.<i> = classifier(pooled.<i>) (3 labels)")
+    body = f"""## The model
+
+`BertForSequenceClassification`: the `bert.` base model with its pooler, then `classifier`
+(Linear 32 → 3, labels {", ".join(BERT_CLS_LABELS)} in `id2label`). Hidden 32, {VARIANT_LAYERS} layers, 4
+heads, intermediate 64, GELU (erf), 64 positions, 2 token types, LayerNorm eps 1e-12, vocabulary
+{len(mini)} (the tokens of BERT uncased that the items use, in its order). float32.
+
+Tensors: `embeddings` = `BertEmbeddings`; `layer.<l>` each `BertLayer` (post-LN); `final` = the last
+layer; `pooled` = tanh(dense(CLS row)); `logits` (3,) = classifier(pooled)."""
+    shutil.copy(TEXT / "LICENSE.Apache-2.0", d / "LICENSE.Apache-2.0")
+    write_family(family, tensors, info, ("BertForSequenceClassification", body, items_table(items, "text"),
+                                         BERT_TEXT_LICENCES))
+
+
+def make_bert_mlm(tied=True):
+    from transformers import BertForMaskedLM
+
+    family = "bert_mlm" if tied else "bert_mlm_untied"
+    seed = VARIANT_SEEDS[family]
+    d = fresh_dir(family)
+    texts = bert_variant_texts(masked=True)
+    tok, mini, _ = bert_mini_tokenizer(d / "model", texts)
+    config = bert_variant_config(len(mini), tok.pad_token_id, tie_word_embeddings=tied)
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(config)
+    randomise(model, seed)
+    model.eval()
+    model.save_pretrained(str(d / "model"))
+    saved = safetensors_header(d / "model" / "model.safetensors")
+    assert ("cls.predictions.decoder.weight" in saved) == (not tied), sorted(saved)
+    ref = BertForMaskedLM.from_pretrained(str(d / "model"), torch_dtype=torch.float32).eval()
+    table = ref.bert.embeddings.word_embeddings.weight
+    assert (ref.cls.predictions.decoder.weight.data_ptr() == table.data_ptr()) == tied
+
+    tensors, items, gaps = {}, [], []
+    with torch.no_grad():
+        for i, text in enumerate(texts):
+            ids = tok(text, return_tensors="pt")["input_ids"]
+            out, emb, layers = capture(ref.bert.embeddings, ref.bert.encoder.layer, lambda: ref(
+                input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True))
+            check_hidden_states(out.hidden_states, emb, layers, last_is_final_norm=False)
+            if not tied:
+                h = ref.cls.predictions.transform(layers[-1])
+                gaps.append(untied_check(out.logits[0] - ref.cls.predictions.bias, h[0], table))
+            record_layers(tensors, i, i32(ids[0]), emb, layers, layers[-1])
+            tensors[f"logits.{i}"] = f32(out.logits[0])
+            items.append(bert_item(i, text, tok, ids))
+
+    extra = {"logits": "logits.<i> = decoder(LayerNorm(GELU(dense(final.<i>)))) + bias (cls.predictions)"}
+    if not tied:
+        extra["tied_reading_max_abs_diff"] = min(gaps)
+    info = variant_info(family, "BertForMaskedLM", bert_variant_cfg(config), d, items,
+                        tokenizer_class="BertTokenizerFast (do_lower_case=True), a subset of BERT uncased",
+                        inputs="input_ids of tokenizer(text) with [CLS]/[SEP] ([MASK] in the text is the mask "
+                               "token); token_type_ids 0; attention_mask 1", **extra)
+    head = ("the decoder is tied to the word embeddings (`cls.predictions.decoder.weight` is not in the file)"
+            if tied else
+            "`tie_word_embeddings: false`: the decoder is its own matrix, saved as `cls.predictions.decoder.weight` "
+            f"(reading it as tied would be off by at least {min(gaps):.2f} on every item)")
+    body = f"""## The model
+
+`BertForMaskedLM`: the `bert.` base model (no pooler), then `cls.predictions`: dense 32 → 32,
+GELU, LayerNorm, the decoder to the vocabulary and its bias `cls.predictions.bias`; {head}. Hidden
+32, {VARIANT_LAYERS} layers, 4 heads, intermediate 64, 64 positions, 2 token types, LayerNorm eps 1e-12,
+vocabulary {len(mini)} (the tokens of BERT uncased that the items use, `[MASK]` included). float32.
+
+Tensors: `embeddings` = `BertEmbeddings`; `layer.<l>` each `BertLayer`; `final` = the last layer;
+`logits` (T, V) the masked-LM head's output for every row. Item 1 holds two `[MASK]` tokens."""
+    shutil.copy(TEXT / "LICENSE.Apache-2.0", d / "LICENSE.Apache-2.0")
+    write_family(family, tensors, info, ("BertForMaskedLM" + ("" if tied else " (untied)"), body,
+                                         items_table(items, "text"), BERT_TEXT_LICENCES))
+
+
+def make_bert_mlm_untied():
+    make_bert_mlm(tied=False)
+
+
+def make_vit_pooler():
+    from transformers import ViTConfig, ViTImageProcessor, ViTModel
+
+    family = "vit_pooler"
+    seed = VARIANT_SEEDS[family]
+    d = fresh_dir(family)
+    ViTImageProcessor(size={"height": 32, "width": 32}, **VIT_PROC_ARGS).save_pretrained(str(d / "model"))
+    proc = ViTImageProcessor.from_pretrained(str(d / "model"))
+    config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=VARIANT_LAYERS,
+                       num_attention_heads=4, intermediate_size=64, hidden_act="gelu", layer_norm_eps=1e-12,
+                       qkv_bias=True)
+    torch.manual_seed(seed)
+    model = ViTModel(config, add_pooling_layer=True)
+    randomise(model, seed)
+    model.eval()
+    model.save_pretrained(str(d / "model"))
+    ref = ViTModel.from_pretrained(str(d / "model"), torch_dtype=torch.float32).eval()
+    assert ref.pooler is not None
+
+    tensors, items = {}, []
+    with torch.no_grad():
+        for i, (rel, _) in enumerate(VIT_ITEMS[:2]):
+            pv = proc(load_rgb(ROOT / rel), return_tensors="pt")["pixel_values"]
+            out, emb, layers = capture(ref.embeddings, ref.encoder.layer, lambda: ref(
+                pixel_values=pv, output_hidden_states=True))
+            check_hidden_states(out.hidden_states, emb, layers, last_is_final_norm=False)
+            final = out.last_hidden_state
+            assert max_abs(ref.layernorm(layers[-1]), final) == 0
+            assert max_abs(torch.tanh(ref.pooler.dense(final[:, 0])), out.pooler_output) == 0
+            record_layers(tensors, i, f32(pv[0]), emb, layers, final)
+            tensors[f"pooled.{i}"] = f32(out.pooler_output[0])
+            items.append({"path": rel, "rows": int(emb.shape[1]), "pixel_values": list(pv.shape[1:]),
+                          "processor": "ViTImageProcessor from model/"})
+
+    cfg = {"image_size": 32, "patch_size": 8, "num_channels": 3, "hidden_size": 32,
+           "num_hidden_layers": VARIANT_LAYERS, "num_attention_heads": 4, "intermediate_size": 64,
+           "hidden_act": "gelu", "layer_norm_eps": 1e-12, "qkv_bias": True}
+    info = variant_info(family, "ViTModel (add_pooling_layer=True)", cfg, d, items,
+                        processor_class="ViTImageProcessor", processor={"size": {"height": 32, "width": 32},
+                                                                        **VIT_PROC_ARGS},
+                        pooled="pooled.<i> = tanh(pooler.dense(final.<i>[0])) (ViTPooler)")
+    body = f"""## The model
+
+`ViTModel` with its pooler (`add_pooling_layer=True`): no `vit.` prefix, 32×32 images, 8×8
+patches (16 + CLS = 17 rows), hidden 32, {VARIANT_LAYERS} layers, 4 heads, intermediate 64, GELU (erf),
+LayerNorm eps 1e-12, qkv bias; `pooler.dense` (32 → 32) with tanh on the CLS row of the final
+layernorm. float32. Preprocessor: `ViTImageProcessor` 32×32, bilinear, rescale 1/255, mean = std
+= 0.5 (as `tests/data/hf/vit`).
+
+Tensors: `inputs` = pixel_values (3, 32, 32); `embeddings` = `ViTEmbeddings`; `layer.<l>` each
+`ViTLayer`; `final` = the final layernorm; `pooled` (32,) = the pooler output."""
+    licences = ("- Images are not copied: the items name `tests/data/image/chelsea.jpg` (skimage `chelsea`, "
+                "Stefan van der Walt, CC0) and `tests/data/image/astronaut.png` (skimage `astronaut`, NASA, "
+                "public domain); see `tests/data/image/README.md`. `inputs.<i>` are derived from them.")
+    write_family(family, tensors, info, ("ViTModel (with pooler)", body, items_table(items, "path"), licences))
+
+
+def make_esm_untied():
+    from transformers import EsmConfig, EsmForMaskedLM, EsmTokenizer
+
+    family = "esm_untied"
+    seed = VARIANT_SEEDS[family]
+    d = fresh_dir(family)
+    vocab = ROOT / "tests" / "data" / "protein" / "vocab.txt"
+    EsmTokenizer(vocab_file=str(vocab), model_max_length=128).save_pretrained(str(d / "model"))
+    tok = EsmTokenizer.from_pretrained(str(d / "model"))
+    records = read_fasta(ROOT / "tests" / "data" / "protein" / "uniprot_sample.fasta")
+    (rec, n) = ESM_ITEMS[0]
+    header, seq = records[rec]
+    seqs = [seq[:n], seq[:10] + "<mask>" + seq[11:n]]
+    config = EsmConfig(vocab_size=33, hidden_size=32, num_hidden_layers=VARIANT_LAYERS, num_attention_heads=4,
+                       intermediate_size=64, hidden_act="gelu", position_embedding_type="rotary", token_dropout=True,
+                       emb_layer_norm_before=False, mask_token_id=32, pad_token_id=1, max_position_embeddings=128,
+                       layer_norm_eps=1e-5, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = EsmForMaskedLM(config)
+    randomise(model, seed)
+    model.eval()
+    model.save_pretrained(str(d / "model"))
+    assert "lm_head.decoder.weight" in safetensors_header(d / "model" / "model.safetensors")
+    ref = EsmForMaskedLM.from_pretrained(str(d / "model"), torch_dtype=torch.float32).eval()
+    table = ref.esm.embeddings.word_embeddings.weight
+    assert ref.lm_head.decoder.weight.data_ptr() != table.data_ptr()
+
+    tensors, items, gaps = {}, [], []
+    with torch.no_grad():
+        for i, s in enumerate(seqs):
+            ids = tok(s, return_tensors="pt")["input_ids"]
+            out, emb, layers = capture(ref.esm.embeddings, ref.esm.encoder.layer, lambda: ref(
+                input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True))
+            check_hidden_states(out.hidden_states, emb, layers, last_is_final_norm=True)
+            final = ref.esm.encoder.emb_layer_norm_after(layers[-1])
+            h = ref.lm_head.layer_norm(torch.nn.functional.gelu(ref.lm_head.dense(final)))
+            gaps.append(untied_check(out.logits[0] - ref.lm_head.bias, h[0], table))
+            record_layers(tensors, i, i32(ids[0]), emb, layers, final)
+            tensors[f"logits.{i}"] = f32(out.logits[0])
+            items.append({"text": s, "source": f"tests/data/protein/uniprot_sample.fasta record {rec} (0-based) "
+                                               f"({header.split()[0]}): its first {n} residues" +
+                                               (", residue 10 replaced by <mask>" if "<mask>" in s else ""),
+                          "rows": int(ids.shape[1])})
+
+    cfg = {"vocab_size": 33, "hidden_size": 32, "num_hidden_layers": VARIANT_LAYERS, "num_attention_heads": 4,
+           "intermediate_size": 64, "position_embedding_type": "rotary", "token_dropout": True,
+           "emb_layer_norm_before": False, "mask_token_id": 32, "pad_token_id": 1, "max_position_embeddings": 128,
+           "layer_norm_eps": 1e-5, "tie_word_embeddings": False}
+    info = variant_info(family, "EsmForMaskedLM", cfg, d, items,
+                        tokenizer_class="EsmTokenizer (vocab.txt = tests/data/protein/vocab.txt)",
+                        inputs="input_ids of EsmTokenizer(seq): <cls> residues <eos>; attention_mask all 1",
+                        logits="logits.<i> = lm_head.decoder(LayerNorm(GELU(dense(final.<i>)))) + lm_head.bias",
+                        tied_reading_max_abs_diff=min(gaps))
+    body = f"""## The model
+
+`EsmForMaskedLM` (ESM-2 layout, as `tests/data/hf/esm`) with `tie_word_embeddings: false`: the LM
+head's decoder is its own matrix, saved as `lm_head.decoder.weight` (33, 32), plus `lm_head.bias`
+(reading it as tied would be off by at least {min(gaps):.2f} on every item). Hidden 32, {VARIANT_LAYERS}
+layers, 4 heads, intermediate 64, rotary positions, token dropout on, LayerNorm eps 1e-5. float32.
+Tokenizer: `EsmTokenizer` with `tests/data/protein/vocab.txt`.
+
+Tensors: `embeddings` = `EsmEmbeddings` after token dropout (every row × 0.88, and masked rows 0);
+`layer.<l>` each `EsmLayer`; `final` = `emb_layer_norm_after`; `logits` (T, 33) the LM head."""
+    licences = ("- Sequence: UniProtKB, © the UniProt Consortium, CC BY 4.0 "
+                "(https://creativecommons.org/licenses/by/4.0/), from `tests/data/protein/uniprot_sample.fasta`, "
+                "truncated, one residue masked (our change, same licence).\n"
+                "- `model/vocab.txt`: the 33 ESM-2 tokens (fair-esm, MIT, © Meta Platforms).")
+    write_family(family, tensors, info, ("EsmForMaskedLM (untied)", body, items_table(items, "text"), licences))
+
+
+FAMILIES = {"bert": make_bert, "gpt2": make_gpt2, "vit": make_vit, "esm": make_esm, "ast": make_ast,
+            "gpt2_untied": make_gpt2_untied, "bert_cls": make_bert_cls, "bert_mlm": make_bert_mlm,
+            "bert_mlm_untied": make_bert_mlm_untied, "vit_pooler": make_vit_pooler, "esm_untied": make_esm_untied}
 
 
 def main(argv):

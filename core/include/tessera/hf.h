@@ -16,12 +16,14 @@
 //         pooling of sentence-transformers' modules.json (mean + L2 normalisation for MiniLM),
 //         else the CLS pooler (dense + tanh); BertForMaskedLM and BertForSequenceClassification.
 //   gpt2  pre-LN decoder; Conv1D weights are already (in, out); c_attn split into Q, K, V; tanh GELU;
-//         LM head tied to the token table.
+//         LM head tied to the token table, or lm_head.weight (its bias zeros) when
+//         tie_word_embeddings is false.
 //   vit   patch Conv2d as the linear stem over the image plugin's patches, CLS row, learned
 //         positions (bicubically resized, as transformers 4.40 does, for another image size),
 //         classifier on the CLS row.
 //   esm   ESM-2: rotary positions, token-dropout rescaling, emb_layer_norm_after, masked-LM head
-//         (dense, GELU, layer norm, tied decoder with bias).
+//         (dense, GELU, layer norm, decoder with bias; BERT's too: the token table unless
+//         tie_word_embeddings is false).
 //   ast   Audio Spectrogram Transformer: Kaldi fbank 16x16 patches (stride 10) as the linear stem,
 //         CLS and distillation rows, learned positions, classifier on their mean after a layer norm.
 // Weights may be F32, F16 or BF16. F32 tensors are zero-copy views of the memory-mapped files

@@ -232,14 +232,15 @@ enum class Op {
   patch,     // Conv2d (C, ch, p, p) -> (ch·p·p, C): the image plugin's patch rows, flattened alike
   squeeze,   // (1, 1, C) or (1, N, C) -> (C) or (N, C)
   pos_grid,  // ViT positions (1, 1 + g·g, C), resized to the requested grid
-  zeros,     // not in the checkpoint (ViT without qkv_bias): zeros
+  zeros,     // not in the checkpoint (a bias the class does not have): zeros
 };
 
 struct Entry {
   std::string hf;
   Op op = Op::same;
   int part = 0, parts = 1;
-  Shape hf_shape;  // patch, squeeze, pos_grid: the shape Hugging Face stores
+  Shape hf_shape;    // patch, squeeze, pos_grid: the shape Hugging Face stores
+  std::string why;   // zeros: why the checkpoint has no such tensor
 };
 
 struct Grid {  // pos_grid
@@ -330,6 +331,12 @@ int64_t num_labels(const json& cfg, const Json& J) {
   if (it != cfg.end() && it->is_object() && !it->empty()) return static_cast<int64_t>(it->size());
   return J.i("num_labels", 2);
 }
+
+// ESM-2's 33 tokens in id order: the vocab.txt of every esm2_* checkpoint, and the protein
+// plugin's alphabet (plugins/protein/esm_alphabet.h).
+const std::vector<std::string> kEsm2Alphabet = {
+    "<cls>", "<pad>", "<eos>", "<unk>", "L", "A", "G", "V", "S", "E", "R", "T", "I", "D", "P", "K", "Q",
+    "N",     "F",     "Y",     "M",     "H", "W", "C", "X", "B", "U", "Z", "O", ".", "-", "<null_1>", "<mask>"};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -459,7 +466,8 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     const std::pair<const char*, const char*> qkv[] = {{"q", q}, {"k", k}, {"v", v}};
     for (const auto& [t, h] : qkv) {
       map[b + "attn.w_" + t] = {e + h + ".weight", Op::linear};
-      map[b + "attn.b_" + t] = qkv_bias ? Entry{e + h + ".bias", Op::same} : Entry{"", Op::zeros};
+      map[b + "attn.b_" + t] =
+          qkv_bias ? Entry{e + h + ".bias", Op::same} : Entry{"", Op::zeros, 0, 1, {}, "qkv_bias: false"};
     }
     map[b + "attn.w_o"] = {e + o + ".weight", Op::linear};
     map[b + "attn.b_o"] = {e + o + ".bias"};
@@ -472,17 +480,33 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     map[b + "ln2.gamma"] = {e + ln2 + ".weight"};
     map[b + "ln2.beta"] = {e + ln2 + ".bias"};
   };
-  // BERT's and ESM-2's masked-LM head: dense, activation, layer norm, the token table, a bias.
-  auto masked_lm_head = [&](const std::string& dense, const std::string& norm, const std::string& bias) {
+  // An LM head's projection to the vocabulary: through the token table when config.json's
+  // tie_word_embeddings is true (its default; transformers then ties `decoder`, so a copy in the
+  // file is not read), else the checkpoint's own (V, C) `decoder` matrix. `bias`: the head's
+  // vocabulary bias, "" when the class has none. An untied Tessera head has a bias whenever
+  // model.bias, which every family here sets: zeros where the class has none (GPT-2's lm_head).
+  auto lm_projection = [&](const std::string& decoder, const std::string& bias, const std::string& no_bias_why) {
     m.head.kind = HeadKind::lm;
-    m.head.tied = true;
-    m.head.lm_bias = true;
+    m.head.tied = J.b("tie_word_embeddings", true);
+    if (m.head.tied) {
+      ignorable.insert(decoder);
+      m.head.lm_bias = !bias.empty();
+    } else {
+      map["head.lm"] = {decoder, Op::linear};
+    }
+    if (!bias.empty()) map["head.lm_bias"] = {bias};
+    else if (!m.head.tied) map["head.lm_bias"] = {"", Op::zeros, 0, 1, {}, no_bias_why};
+  };
+  // BERT's and ESM-2's masked-LM head: dense, activation, layer norm, the vocabulary projection
+  // (tied or not), a bias.
+  auto masked_lm_head = [&](const std::string& dense, const std::string& norm, const std::string& decoder,
+                            const std::string& bias) {
     m.head.transform = true;
     map["head.transform.w"] = {dense + ".weight", Op::linear};
     map["head.transform.b"] = {dense + ".bias"};
     map["head.transform.gamma"] = {norm + ".weight"};
     map["head.transform.beta"] = {norm + ".bias"};
-    map["head.lm_bias"] = {bias};
+    lm_projection(decoder, bias, "");
   };
   auto common = [&](NormPlacement norm, const char* eps_key, double eps_default) {
     m.d_model = C;
@@ -528,7 +552,8 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       layer_entries(p + "encoder.layer." + std::to_string(l) + ".", l, "attention.self.query", "attention.self.key",
                     "attention.self.value", "attention.output.dense", "attention.output.LayerNorm",
                     "intermediate.dense", "output.dense", "output.LayerNorm");
-    ignorable = {p + "embeddings.position_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"};
+    // decoder.bias is cls.predictions.bias (one shared tensor), saved under either name or both.
+    ignorable = {p + "embeddings.position_ids", "cls.predictions.decoder.bias"};
     // The head: a classifier, a masked-LM head, sentence-transformers' pooling, or the CLS pooler.
     const bool pooler = has_tensor(p + "pooler.dense.weight");
     if (has_tensor("classifier.weight")) {
@@ -540,7 +565,8 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       map["head.w"] = {"classifier.weight", Op::linear};
       map["head.b"] = {"classifier.bias"};
     } else if (has_tensor("cls.predictions.bias")) {
-      masked_lm_head("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias");
+      masked_lm_head("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                     "cls.predictions.decoder.weight", "cls.predictions.bias");
     } else {
       m.head.kind = HeadKind::pool;
       m.head.pool = PoolKind::cls;
@@ -627,8 +653,6 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     m.positions.max_len = J.i("n_positions", 1024);
     m.stem.kind = StemKind::tokens;
     m.stem.vocab_size = J.i("vocab_size");
-    m.head.kind = HeadKind::lm;
-    m.head.tied = J.b("tie_word_embeddings", true);
     map["stem.embed"] = {p + "wte.weight"};
     map["pos.table"] = {p + "wpe.weight"};
     for (int64_t l = 0; l < m.n_layers && ok; ++l) {
@@ -654,12 +678,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     }
     map["final_norm.gamma"] = {p + "ln_f.weight"};
     map["final_norm.beta"] = {p + "ln_f.bias"};
-    if (m.head.tied) {
-      ignorable.insert("lm_head.weight");
-    } else {
-      map["head.lm"] = {"lm_head.weight", Op::linear};
-      m.bias = true;  // but GPT-2's lm_head has none
-    }
+    lm_projection("lm_head.weight", "", "GPT-2's lm_head has no bias");
     out.plugin = "text";
     po.emplace_back("tokenizer", "bpe");
     const std::string v = tok_file("vocab.json", "GPT-2's byte-level BPE vocabulary the text plugin reads");
@@ -814,26 +833,44 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     map["final_norm.beta"] = {p + "encoder.emb_layer_norm_after.bias"};
     ignorable.insert(p + "embeddings.position_ids");
     ignorable.insert(p + "embeddings.position_embeddings.weight");  // made even for rotary models, never used
-    ignorable.insert("lm_head.decoder.weight");  // tied to the token table
     if (has_prefix(p + "contact_head.")) {
       ignorable_prefixes.push_back(p + "contact_head.");
       out.notes.push_back("contact_head is not used; export attention maps (task.attention) instead");
     }
     if (has_tensor("lm_head.bias")) {
-      masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head.bias");
+      masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder.weight", "lm_head.bias");
     } else {
       m.head.kind = HeadKind::pool;
       m.head.pool = PoolKind::mean;
     }
+    // The protein plugin: EsmTokenizer's rules (its default, written out so that the folder alone
+    // decides), over ESM-2's alphabet, which vocab.txt must list in the plugin's id order.
     out.plugin = "protein";
+    po.emplace_back("tokenizer", "esm");
+    po.emplace_back("uppercase", "false");  // EsmTokenizer has no lower-case tokens
     const std::string vocab = tok_file("vocab.txt", "the ESM alphabet");
     if (!vocab.empty()) {
       std::ifstream in(vocab);
-      int64_t n = 0;
-      for (std::string line; std::getline(in, line);) n += !line.empty();
-      if (n != m.stem.vocab_size)
-        c.err(vocab + ": " + std::to_string(n) + " tokens, but config.json's vocab_size is " +
+      // As EsmTokenizer reads it: one token a line, stripped; trailing blank lines aside.
+      std::vector<std::string> tokens;
+      const char* const blank = " \t\r\v\f";
+      for (std::string line; std::getline(in, line);) {
+        const size_t first = line.find_first_not_of(blank);
+        tokens.push_back(first == std::string::npos ? ""
+                                                    : line.substr(first, line.find_last_not_of(blank) + 1 - first));
+      }
+      while (!tokens.empty() && tokens.back().empty()) tokens.pop_back();
+      if (static_cast<int64_t>(tokens.size()) != m.stem.vocab_size)
+        c.err(vocab + ": " + std::to_string(tokens.size()) + " tokens, but config.json's vocab_size is " +
               std::to_string(m.stem.vocab_size) + " (the protein plugin gives ESM-2's 33-token alphabet)");
+      for (size_t i = 0; i < tokens.size() && i < kEsm2Alphabet.size(); ++i)
+        if (tokens[i] != kEsm2Alphabet[i]) {
+          c.err(vocab + ": token " + std::to_string(i) + " is \"" + tokens[i] + "\" where ESM-2's alphabet has \"" +
+                    kEsm2Alphabet[i] + "\"",
+                "the protein plugin gives ESM-2's ids (<cls> <pad> <eos> <unk> L A G V ...); a model with another "
+                "vocabulary needs its own tokenizer");
+          break;
+        }
     }
   }
 
@@ -929,7 +966,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       Entry en = e->second;
       const Shape want_hf = expected_hf_shape(en, s.shape);
       if (en.op == Op::zeros) {
-        m.weights.imported[s.name] = {Tensor::zeros(s.shape), "zeros (qkv_bias: false)"};
+        m.weights.imported[s.name] = {Tensor::zeros(s.shape), "zeros (" + en.why + ")"};
         continue;
       }
       const std::string hf = resolve_name(st, en.hf);
