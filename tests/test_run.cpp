@@ -629,3 +629,134 @@ TEST(Multimodal, ItemsWithoutSomeInputsNeedAllowMissing) {
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// hidden: index.jsonl's `start` is each sequence's first row in hidden.npy, counted over the whole
+// run (not within its batch), so that any reader of hidden.npy finds every item's own rows.
+
+namespace {
+
+struct HiddenRun {
+  std::vector<nlohmann::json> index;
+  Tensor hidden;
+  std::map<std::string, std::vector<float>> rows;  // per id: its rows of hidden.npy, read back by start
+};
+
+// Reads a hidden run back: every `start` is the sum of the rows before it, the rows fill
+// hidden.npy exactly, and each id's rows are hidden.npy[start, start + rows).
+HiddenRun read_hidden(const std::string& out) {
+  HiddenRun h;
+  h.index = jsonl(out + "/index.jsonl");
+  h.hidden = npy::load(out + "/hidden.npy").value();
+  const int64_t C = h.hidden.dim(1);
+  int64_t next = 0;
+  for (const nlohmann::json& r : h.index) {
+    const int64_t start = r["start"], n = r["rows"];
+    EXPECT_EQ(start, next) << out << ": " << r;
+    next += n;
+    if (start < 0 || start + n > h.hidden.dim(0)) {
+      ADD_FAILURE() << out << ": " << r << " is outside hidden.npy's " << h.hidden.dim(0) << " rows";
+      continue;
+    }
+    const float* p = h.hidden.data<float>() + start * C;
+    h.rows[r["id"]] = std::vector<float>(p, p + n * C);
+  }
+  EXPECT_EQ(next, h.hidden.dim(0)) << out;
+  return h;
+}
+
+// The largest difference between the rows of one run's items and another's, relative to each
+// row's largest magnitude (see BatchInvariance below for the bound).
+double max_relative_row_difference(const HiddenRun& a, const HiddenRun& b, int64_t C) {
+  double worst = 0;
+  EXPECT_EQ(a.rows.size(), b.rows.size());
+  for (const auto& [id, x] : a.rows) {
+    auto it = b.rows.find(id);
+    if (it == b.rows.end()) {
+      ADD_FAILURE() << id << " missing";
+      continue;
+    }
+    const std::vector<float>& y = it->second;
+    if (x.size() != y.size()) {
+      ADD_FAILURE() << id << ": " << x.size() << " values, then " << y.size();
+      continue;
+    }
+    for (size_t r = 0; r * static_cast<size_t>(C) < x.size(); ++r) {
+      double scale = 0, diff = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t i = r * static_cast<size_t>(C) + static_cast<size_t>(c);
+        scale = std::max(scale, std::abs(static_cast<double>(x[i])));
+        diff = std::max(diff, std::abs(static_cast<double>(x[i]) - y[i]));
+      }
+      worst = std::max(worst, diff / std::max(scale, 1e-30));
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST(Runs, HiddenStartsCountRowsAcrossBatches) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // as in KilledAndResumedGivesByteIdenticalOutputs
+  const std::string d = ::testing::TempDir() + "tessera_run_hidden_starts";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string data = lines_file(d, 23);  // 3 bad items; lines of 6 to 18 bytes
+  auto hidden = [&](const std::string& runtime) { return experiment(d, data, "task: {kind: hidden}\nruntime: " + runtime + "\n"); };
+  run_ok(hidden("{batch_size: 1}"), d + "/one");
+  const HiddenRun one = read_hidden(d + "/one");
+  ASSERT_EQ(one.index.size(), 20u);
+  // Killed after two batches of 4 and resumed.
+  EXPECT_EXIT(
+      {
+        RunOptions o;
+        o.out_dir = d + "/killed";
+        o.progress = false;
+        o.on_batch = [](int64_t done, int64_t) {
+          if (done == 2) raise(SIGKILL);
+        };
+        (void)run_experiment(hidden("{batch_size: 4}"), o);
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+  EXPECT_EQ(run_ok(hidden("{batch_size: 4}"), d + "/killed", true).batches_resumed, 2);
+  for (const char* runtime : {"{batch_size: 2}", "{batch_size: 3}", "{batch_size: 7, packing: true}",
+                              "{batch_size: 4, packing: true, workers: 2}", "{batch_size: 23}"}) {
+    const std::string out = d + "/run" + std::to_string(std::hash<std::string>()(runtime));
+    run_ok(hidden(runtime), out);
+    const HiddenRun h = read_hidden(out);
+    EXPECT_EQ(slurp(out + "/rows.jsonl"), slurp(d + "/one/rows.jsonl")) << runtime;
+    EXPECT_LE(max_relative_row_difference(one, h, 16), 1e-6) << runtime;
+  }
+  const HiddenRun killed = read_hidden(d + "/killed");
+  EXPECT_LE(max_relative_row_difference(one, killed, 16), 1e-6);
+  run_ok(hidden("{batch_size: 4}"), d + "/straight");
+  EXPECT_EQ(slurp(d + "/killed/hidden.npy"), slurp(d + "/straight/hidden.npy"));
+  EXPECT_EQ(slurp(d + "/killed/index.jsonl"), slurp(d + "/straight/index.jsonl"));
+  fs::remove_all(d);
+}
+
+// The case: five lines through the tiny BERT folder with batch size 2.
+TEST(Runs, HiddenStartsOfAHuggingFaceFolder) {
+  const std::string d = temp_dir("hidden_hf");
+  write(d + "/five.txt", "In the beginning God created the heaven and the earth.\nAnd the earth was without form.\n"
+                         "Thou shalt not kill.\nAnd God said, Let there be light: and there was light.\nAmen.\n");
+  std::vector<HiddenRun> runs;
+  for (int batch_size : {1, 2}) {
+    const std::string yaml = "model: {from: hf, path: " + std::string(TESSERA_SOURCE_DIR) +
+                             "/tests/data/hf/bert/model}\ndata: {path: five.txt}\ntask: {kind: hidden}\n"
+                             "runtime: {batch_size: " + std::to_string(batch_size) + "}\n";
+    Diagnostics diags;
+    std::optional<Experiment> e = load_experiment_from_string(yaml, "hf.yaml", d, {}, &diags);
+    ASSERT_TRUE(e) << diags.str();
+    run_ok(*e, d + "/run" + std::to_string(batch_size));
+    runs.push_back(read_hidden(d + "/run" + std::to_string(batch_size)));
+    ASSERT_EQ(runs.back().index.size(), 5u);
+  }
+  std::vector<int64_t> starts;
+  for (const nlohmann::json& r : runs[1].index) starts.push_back(r["start"]);
+  EXPECT_EQ(starts[1], runs[1].index[0]["rows"].get<int64_t>());
+  EXPECT_GT(starts[2], starts[1]);
+  EXPECT_LE(max_relative_row_difference(runs[0], runs[1], 32), 1e-6);
+}
+

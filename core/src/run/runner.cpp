@@ -930,11 +930,12 @@ Status Runner::finalize() {
   // Merge the shards, in batch order, into the run's outputs.
   std::string index, predictions, completions, rows, errors;
   std::vector<Tensor> parts;
-  int64_t total = 0;
+  int64_t total = 0;  // rows of the shards before this one
   for (int64_t k = 0; k < batches_; ++k) {
     const fs::path shard = dir_ / "shards" / batch_name(k);
     Result<std::string> text = read_file(shard.string() + ".jsonl");
     if (!text.ok()) return text.status().with_prefix("finishing the run");
+    const int64_t base = total;  // hidden: a shard's starts count from its first row, the outputs' from the run's
     std::error_code ec;
     if (fs::exists(shard.string() + ".npy", ec)) {
       Result<Tensor> v = npy::load(shard.string() + ".npy");
@@ -954,6 +955,7 @@ Status Runner::finalize() {
         continue;
       }
       ++summary_.sequences;
+      if (r.contains("start")) r["start"] = base + r["start"].get<int64_t>();
       if (r.contains("prov")) {
         rows += jsonl_line(json({{"id", r["id"]}, {"rows", r["prov"]}}));
         r.erase("prov");
