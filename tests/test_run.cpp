@@ -760,3 +760,189 @@ TEST(Runs, HiddenStartsOfAHuggingFaceFolder) {
   EXPECT_LE(max_relative_row_difference(runs[0], runs[1], 32), 1e-6);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Resume keyed by content: each finished batch is recorded with a hash of its items' bytes; a
+// resume redoes the batches whose items changed, refuses when a file the plugins read changed,
+// and refuses a manifest that has no such record.
+
+namespace {
+
+// Every file below `a` and `b`, the same names with the same bytes.
+void expect_same_folder(const std::string& a, const std::string& b) {
+  auto names = [](const std::string& dir) {
+    std::vector<std::string> v;
+    for (const auto& f : fs::recursive_directory_iterator(dir))
+      if (f.is_regular_file()) v.push_back(fs::relative(f.path(), dir).string());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  const std::vector<std::string> na = names(a), nb = names(b);
+  for (const std::string& n : na)
+    EXPECT_TRUE(std::find(nb.begin(), nb.end(), n) != nb.end()) << n << " is in " << a << ", not in " << b;
+  for (const std::string& n : nb)
+    EXPECT_TRUE(std::find(na.begin(), na.end(), n) != na.end()) << n << " is in " << b << ", not in " << a;
+  for (const std::string& n : na) {
+    if (std::find(nb.begin(), nb.end(), n) == nb.end()) continue;
+    EXPECT_TRUE(slurp(a + "/" + n) == slurp(b + "/" + n)) << n << " differs between " << a << " and " << b;
+  }
+}
+
+// The lines of lines_file(dir, n) with line `i` (0-based) replaced.
+void edit_line(const std::string& path, size_t i, const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(slurp(path));
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_LT(i, lines.size());
+  lines[i] = text;
+  std::string out;
+  for (const std::string& l : lines) out += l + "\n";
+  write(path, out);
+}
+
+RunSummary resume_capturing(const Experiment& e, const std::string& out, std::string* err) {
+  RunOptions o;
+  o.out_dir = out;
+  o.resume = true;
+  o.progress = true;
+  ::testing::internal::CaptureStderr();
+  Result<RunSummary> r = run_experiment(e, o);
+  *err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : RunSummary{};
+}
+
+}  // namespace
+
+TEST(Runs, ResumeRedoesTheBatchesWhoseItemsChanged) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // as in KilledAndResumedGivesByteIdenticalOutputs
+  const std::string d = ::testing::TempDir() + "tessera_run_redo";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string data = lines_file(d, 40);  // 14 batches of 3
+  const std::string extra = "runtime: {batch_size: 3}\ntask: {kind: embed, attention: {layers: [0], png: false}}\n";
+  EXPECT_EXIT(
+      {
+        RunOptions o;
+        o.out_dir = d + "/killed";
+        o.progress = false;
+        o.on_batch = [](int64_t done, int64_t) {
+          if (done == 4) raise(SIGKILL);
+        };
+        (void)run_experiment(experiment(d, data, extra), o);
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+  const Experiment e = experiment(d, data, extra);
+
+  // A killed run: item 1 (batch 0, finished) now gives two sequences; item 13 (batch 4, not
+  // finished) changed too. One finished batch is redone, the outputs are a fresh run's.
+  edit_line(data, 1, "line one, edited TWICE");
+  edit_line(data, 13, "line thirteen, edited");
+  std::string err;
+  const RunSummary resumed = resume_capturing(e, d + "/killed", &err);
+  EXPECT_NE(err.find("run: resume: 1 of 4 finished batches changed since they were written; redoing them"),
+            std::string::npos) << err;
+  EXPECT_EQ(resumed.batches_redone, 1);
+  EXPECT_EQ(resumed.batches_resumed, 3);
+  EXPECT_EQ(resumed.sequences, 40 - 6 + 1);  // 6 lines say FAIL; item 1 gives two
+  run_ok(e, d + "/fresh");
+  expect_same_folder(d + "/killed", d + "/fresh");
+
+  // A finished run: item 1 back to one sequence, item 20 now fails, item 30's text is longer.
+  edit_line(data, 1, "line 1x");
+  edit_line(data, 20, "line 20 FAIL");
+  edit_line(data, 30, "line thirty, now rather longer than it was");
+  const RunSummary redone = resume_capturing(e, d + "/killed", &err);
+  EXPECT_NE(err.find("run: resume: 3 of 14 finished batches changed since they were written; redoing them"),
+            std::string::npos) << err;
+  EXPECT_EQ(redone.batches_redone, 3);
+  EXPECT_EQ(redone.batches_resumed, 11);
+  EXPECT_EQ(redone.failed, 7);
+  fs::remove_all(d + "/fresh");
+  run_ok(e, d + "/fresh");
+  expect_same_folder(d + "/killed", d + "/fresh");  // no stale row, line or attention file
+
+  // Nothing changed: nothing redone, nothing written.
+  const std::string manifest = slurp(d + "/killed/manifest.json");
+  const RunSummary same = resume_capturing(e, d + "/killed", &err);
+  EXPECT_EQ(same.batches_redone, 0);
+  EXPECT_NE(err.find("is already complete; nothing to do"), std::string::npos) << err;
+  EXPECT_EQ(slurp(d + "/killed/manifest.json"), manifest);
+  fs::remove_all(d);
+}
+
+TEST(Runs, ResumeRefusesWhenAFileThePluginsReadChanged) {
+  const std::string d = temp_dir("files");
+  fs::copy_file(std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf/bert/model/vocab.txt", d + "/vocab.txt");
+  write(d + "/t.txt", "the earth was without form\nand void\nand darkness was upon the face of the deep\n");
+  const std::string yaml = "plugins:\n  - name: text\n    options: {tokenizer: wordpiece, vocab: vocab.txt}\n"
+                           "model:\n  d_model: 16\n  n_heads: 2\n  n_layers: 1\n  stem: {kind: tokens, vocab_size: 2056}\n"
+                           "  positions: {kind: learned, max_len: 64}\n  head: {kind: pool, pool: mean}\n"
+                           "data: {path: t.txt}\nruntime: {batch_size: 2}\n";
+  Diagnostics diags;
+  std::optional<Experiment> e = load_experiment_from_string(yaml, "v.yaml", d, {}, &diags);
+  ASSERT_TRUE(e) << diags.str();
+  run_ok(*e, d + "/run");
+  RunOptions o;
+  o.out_dir = d + "/run";
+  o.resume = true;
+  o.progress = false;
+  ASSERT_TRUE(run_experiment(*e, o).ok());
+
+  // The vocabulary edited in place (two tokens swapped: as many lines as before).
+  const std::string vocab = slurp(d + "/vocab.txt");
+  std::vector<std::string> tokens;
+  std::istringstream in(vocab);
+  for (std::string t; std::getline(in, t);) tokens.push_back(t);
+  const auto the = std::find(tokens.begin(), tokens.end(), "the"), earth = std::find(tokens.begin(), tokens.end(), "earth");
+  ASSERT_TRUE(the != tokens.end() && earth != tokens.end());
+  std::iter_swap(the, earth);
+  std::string swapped;
+  for (const std::string& t : tokens) swapped += t + "\n";
+  ASSERT_EQ(swapped.size(), vocab.size());
+  write(d + "/vocab.txt", swapped);
+  Result<RunSummary> r = run_experiment(*e, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot resume " + d + "/run: the file " + d +
+                                      "/vocab.txt (plugin text's option vocab) changed since the run started"),
+            std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("start over with --force"), std::string::npos) << r.status().message();
+  write(d + "/vocab.txt", vocab);
+  EXPECT_TRUE(run_experiment(*e, o).ok());
+
+  // A manifest written before batches were keyed by content.
+  nlohmann::json m = nlohmann::json::parse(slurp(d + "/run/manifest.json"));
+  m["format"] = 1;
+  m["done"] = {0, 1};
+  write(d + "/run/manifest.json", m.dump(2));
+  r = run_experiment(*e, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot resume " + d + "/run: its manifest.json (format 1) does not record what "
+                                      "each finished batch was computed from"),
+            std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("start over with --force"), std::string::npos) << r.status().message();
+}
+
+TEST(Runs, ResumeRefusesWhenAPluginLibraryChanged) {
+  const std::string d = temp_dir("library");
+  std::string lib;
+  for (const auto& f : fs::directory_iterator(kPluginDir))
+    if (f.path().filename().string().find("probe") != std::string::npos) lib = f.path().string();
+  ASSERT_FALSE(lib.empty());
+  fs::create_directories(d + "/plugins");
+  const std::string copy = d + "/plugins/" + fs::path(lib).filename().string();
+  fs::copy_file(lib, copy);
+  write(d + "/t.txt", "one\ntwo\n");
+  Experiment e = experiment(d, d + "/t.txt");
+  e.plugins[0].file = copy;
+  run_ok(e, d + "/run");
+  std::ofstream(copy, std::ios::binary | std::ios::app) << '\0';  // "rebuilt": other bytes, same name and version
+  RunOptions o;
+  o.out_dir = d + "/run";
+  o.resume = true;
+  o.progress = false;
+  Result<RunSummary> r = run_experiment(e, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the file " + copy + " (plugin probe's library) changed since the run started"),
+            std::string::npos) << r.status().message();
+}
