@@ -762,6 +762,7 @@ TEST(Runs, HiddenStartsOfAHuggingFaceFolder) {
   EXPECT_EQ(starts[1], runs[1].index[0]["rows"].get<int64_t>());
   EXPECT_GT(starts[2], starts[1]);
   EXPECT_LE(max_relative_row_difference(runs[0], runs[1], 32), kRowBound);
+  fs::remove_all(d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -925,6 +926,7 @@ TEST(Runs, ResumeRefusesWhenAFileThePluginsReadChanged) {
                                       "each finished batch was computed from"),
             std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("start over with --force"), std::string::npos) << r.status().message();
+  fs::remove_all(d);
 }
 
 TEST(Runs, ResumeRefusesWhenAPluginLibraryChanged) {
@@ -949,6 +951,7 @@ TEST(Runs, ResumeRefusesWhenAPluginLibraryChanged) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("the file " + copy + " (plugin probe's library) changed since the run started"),
             std::string::npos) << r.status().message();
+  fs::remove_all(d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1053,4 +1056,5 @@ TEST(BatchInvariance, OutputsStayWithinTheStatedBound) {
   }
   EXPECT_GT(least, 100 * kRowBound);
   std::printf("one row more: the least moved sequence moved by %.3g\n", least);
+  fs::remove_all(d);
 }
