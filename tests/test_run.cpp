@@ -629,3 +629,432 @@ TEST(Multimodal, ItemsWithoutSomeInputsNeedAllowMissing) {
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// hidden: index.jsonl's `start` is each sequence's first row in hidden.npy, counted over the whole
+// run (not within its batch), so that any reader of hidden.npy finds every item's own rows.
+
+namespace {
+
+struct HiddenRun {
+  std::vector<nlohmann::json> index;
+  Tensor hidden;
+  std::map<std::string, std::vector<float>> rows;  // per id: its rows of hidden.npy, read back by start
+};
+
+// Reads a hidden run back: every `start` is the sum of the rows before it, the rows fill
+// hidden.npy exactly, and each id's rows are hidden.npy[start, start + rows).
+HiddenRun read_hidden(const std::string& out) {
+  HiddenRun h;
+  h.index = jsonl(out + "/index.jsonl");
+  h.hidden = npy::load(out + "/hidden.npy").value();
+  const int64_t C = h.hidden.dim(1);
+  int64_t next = 0;
+  for (const nlohmann::json& r : h.index) {
+    const int64_t start = r["start"], n = r["rows"];
+    EXPECT_EQ(start, next) << out << ": " << r;
+    next += n;
+    if (start < 0 || start + n > h.hidden.dim(0)) {
+      ADD_FAILURE() << out << ": " << r << " is outside hidden.npy's " << h.hidden.dim(0) << " rows";
+      continue;
+    }
+    const float* p = h.hidden.data<float>() + start * C;
+    h.rows[r["id"]] = std::vector<float>(p, p + n * C);
+  }
+  EXPECT_EQ(next, h.hidden.dim(0)) << out;
+  return h;
+}
+
+// How far two runs that differ only in batch size, packing, threads or workers may be apart: per
+// output row, relative to its largest magnitude (docs/RUNS.md; BatchInvariance below).
+constexpr double kRowBound = 4e-6;
+
+// The largest difference between the rows of one run's items and another's, relative to each
+// row's largest magnitude.
+double max_relative_row_difference(const HiddenRun& a, const HiddenRun& b, int64_t C) {
+  double worst = 0;
+  EXPECT_EQ(a.rows.size(), b.rows.size());
+  for (const auto& [id, x] : a.rows) {
+    auto it = b.rows.find(id);
+    if (it == b.rows.end()) {
+      ADD_FAILURE() << id << " missing";
+      continue;
+    }
+    const std::vector<float>& y = it->second;
+    if (x.size() != y.size()) {
+      ADD_FAILURE() << id << ": " << x.size() << " values, then " << y.size();
+      continue;
+    }
+    for (size_t r = 0; r * static_cast<size_t>(C) < x.size(); ++r) {
+      double scale = 0, diff = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t i = r * static_cast<size_t>(C) + static_cast<size_t>(c);
+        scale = std::max(scale, std::abs(static_cast<double>(x[i])));
+        diff = std::max(diff, std::abs(static_cast<double>(x[i]) - y[i]));
+      }
+      worst = std::max(worst, diff / std::max(scale, 1e-30));
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST(Runs, HiddenStartsCountRowsAcrossBatches) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // as in KilledAndResumedGivesByteIdenticalOutputs
+  const std::string d = ::testing::TempDir() + "tessera_run_hidden_starts";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string data = lines_file(d, 23);  // 3 bad items; lines of 6 to 18 bytes
+  auto hidden = [&](const std::string& runtime) { return experiment(d, data, "task: {kind: hidden}\nruntime: " + runtime + "\n"); };
+  run_ok(hidden("{batch_size: 1}"), d + "/one");
+  const HiddenRun one = read_hidden(d + "/one");
+  ASSERT_EQ(one.index.size(), 20u);
+  // Killed after two batches of 4 and resumed.
+  EXPECT_EXIT(
+      {
+        RunOptions o;
+        o.out_dir = d + "/killed";
+        o.progress = false;
+        o.on_batch = [](int64_t done, int64_t) {
+          if (done == 2) raise(SIGKILL);
+        };
+        (void)run_experiment(hidden("{batch_size: 4}"), o);
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+  EXPECT_EQ(run_ok(hidden("{batch_size: 4}"), d + "/killed", true).batches_resumed, 2);
+  for (const char* runtime : {"{batch_size: 2}", "{batch_size: 3}", "{batch_size: 7, packing: true}",
+                              "{batch_size: 4, packing: true, workers: 2}", "{batch_size: 23}"}) {
+    const std::string out = d + "/run" + std::to_string(std::hash<std::string>()(runtime));
+    run_ok(hidden(runtime), out);
+    const HiddenRun h = read_hidden(out);
+    EXPECT_EQ(slurp(out + "/rows.jsonl"), slurp(d + "/one/rows.jsonl")) << runtime;
+    EXPECT_LE(max_relative_row_difference(one, h, 16), kRowBound) << runtime;
+  }
+  const HiddenRun killed = read_hidden(d + "/killed");
+  EXPECT_LE(max_relative_row_difference(one, killed, 16), kRowBound);
+  run_ok(hidden("{batch_size: 4}"), d + "/straight");
+  EXPECT_EQ(slurp(d + "/killed/hidden.npy"), slurp(d + "/straight/hidden.npy"));
+  EXPECT_EQ(slurp(d + "/killed/index.jsonl"), slurp(d + "/straight/index.jsonl"));
+  fs::remove_all(d);
+}
+
+// The case: five lines through the tiny BERT folder with batch size 2.
+TEST(Runs, HiddenStartsOfAHuggingFaceFolder) {
+  const std::string d = temp_dir("hidden_hf");
+  write(d + "/five.txt", "In the beginning God created the heaven and the earth.\nAnd the earth was without form.\n"
+                         "Thou shalt not kill.\nAnd God said, Let there be light: and there was light.\nAmen.\n");
+  std::vector<HiddenRun> runs;
+  for (int batch_size : {1, 2}) {
+    const std::string yaml = "model: {from: hf, path: " + std::string(TESSERA_SOURCE_DIR) +
+                             "/tests/data/hf/bert/model}\ndata: {path: five.txt}\ntask: {kind: hidden}\n"
+                             "runtime: {batch_size: " + std::to_string(batch_size) + "}\n";
+    Diagnostics diags;
+    std::optional<Experiment> e = load_experiment_from_string(yaml, "hf.yaml", d, {}, &diags);
+    ASSERT_TRUE(e) << diags.str();
+    run_ok(*e, d + "/run" + std::to_string(batch_size));
+    runs.push_back(read_hidden(d + "/run" + std::to_string(batch_size)));
+    ASSERT_EQ(runs.back().index.size(), 5u);
+  }
+  std::vector<int64_t> starts;
+  for (const nlohmann::json& r : runs[1].index) starts.push_back(r["start"]);
+  EXPECT_EQ(starts[1], runs[1].index[0]["rows"].get<int64_t>());
+  EXPECT_GT(starts[2], starts[1]);
+  EXPECT_LE(max_relative_row_difference(runs[0], runs[1], 32), kRowBound);
+  fs::remove_all(d);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resume keyed by content: each finished batch is recorded with a hash of its items' bytes; a
+// resume redoes the batches whose items changed, refuses when a file the plugins read changed,
+// and refuses a manifest that has no such record.
+
+namespace {
+
+// Every file below `a` and `b`, the same names with the same bytes.
+void expect_same_folder(const std::string& a, const std::string& b) {
+  auto names = [](const std::string& dir) {
+    std::vector<std::string> v;
+    for (const auto& f : fs::recursive_directory_iterator(dir))
+      if (f.is_regular_file()) v.push_back(fs::relative(f.path(), dir).string());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  const std::vector<std::string> na = names(a), nb = names(b);
+  for (const std::string& n : na)
+    EXPECT_TRUE(std::find(nb.begin(), nb.end(), n) != nb.end()) << n << " is in " << a << ", not in " << b;
+  for (const std::string& n : nb)
+    EXPECT_TRUE(std::find(na.begin(), na.end(), n) != na.end()) << n << " is in " << b << ", not in " << a;
+  for (const std::string& n : na) {
+    if (std::find(nb.begin(), nb.end(), n) == nb.end()) continue;
+    EXPECT_TRUE(slurp(a + "/" + n) == slurp(b + "/" + n)) << n << " differs between " << a << " and " << b;
+  }
+}
+
+// The lines of lines_file(dir, n) with line `i` (0-based) replaced.
+void edit_line(const std::string& path, size_t i, const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(slurp(path));
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_LT(i, lines.size());
+  lines[i] = text;
+  std::string out;
+  for (const std::string& l : lines) out += l + "\n";
+  write(path, out);
+}
+
+RunSummary resume_capturing(const Experiment& e, const std::string& out, std::string* err) {
+  RunOptions o;
+  o.out_dir = out;
+  o.resume = true;
+  o.progress = true;
+  ::testing::internal::CaptureStderr();
+  Result<RunSummary> r = run_experiment(e, o);
+  *err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : RunSummary{};
+}
+
+}  // namespace
+
+TEST(Runs, ResumeRedoesTheBatchesWhoseItemsChanged) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // as in KilledAndResumedGivesByteIdenticalOutputs
+  const std::string d = ::testing::TempDir() + "tessera_run_redo";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string data = lines_file(d, 40);  // 14 batches of 3
+  const std::string extra = "runtime: {batch_size: 3}\ntask: {kind: embed, attention: {layers: [0], png: false}}\n";
+  EXPECT_EXIT(
+      {
+        RunOptions o;
+        o.out_dir = d + "/killed";
+        o.progress = false;
+        o.on_batch = [](int64_t done, int64_t) {
+          if (done == 4) raise(SIGKILL);
+        };
+        (void)run_experiment(experiment(d, data, extra), o);
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+  const Experiment e = experiment(d, data, extra);
+
+  // A killed run: item 1 (batch 0, finished) now gives two sequences; item 13 (batch 4, not
+  // finished) changed too. One finished batch is redone, the outputs are a fresh run's.
+  edit_line(data, 1, "line one, edited TWICE");
+  edit_line(data, 13, "line thirteen, edited");
+  std::string err;
+  const RunSummary resumed = resume_capturing(e, d + "/killed", &err);
+  EXPECT_NE(err.find("run: resume: 1 of 4 finished batches changed since they were written; redoing them"),
+            std::string::npos) << err;
+  EXPECT_EQ(resumed.batches_redone, 1);
+  EXPECT_EQ(resumed.batches_resumed, 3);
+  EXPECT_EQ(resumed.sequences, 40 - 6 + 1);  // 6 lines say FAIL; item 1 gives two
+  run_ok(e, d + "/fresh");
+  expect_same_folder(d + "/killed", d + "/fresh");
+
+  // A finished run: item 1 back to one sequence, item 20 now fails, item 30's text is longer.
+  edit_line(data, 1, "line 1x");
+  edit_line(data, 20, "line 20 FAIL");
+  edit_line(data, 30, "line thirty, now rather longer than it was");
+  const RunSummary redone = resume_capturing(e, d + "/killed", &err);
+  EXPECT_NE(err.find("run: resume: 3 of 14 finished batches changed since they were written; redoing them"),
+            std::string::npos) << err;
+  EXPECT_EQ(redone.batches_redone, 3);
+  EXPECT_EQ(redone.batches_resumed, 11);
+  EXPECT_EQ(redone.failed, 7);
+  fs::remove_all(d + "/fresh");
+  run_ok(e, d + "/fresh");
+  expect_same_folder(d + "/killed", d + "/fresh");  // no stale row, line or attention file
+
+  // Nothing changed: nothing redone, nothing written.
+  const std::string manifest = slurp(d + "/killed/manifest.json");
+  const RunSummary same = resume_capturing(e, d + "/killed", &err);
+  EXPECT_EQ(same.batches_redone, 0);
+  EXPECT_NE(err.find("is already complete; nothing to do"), std::string::npos) << err;
+  EXPECT_EQ(slurp(d + "/killed/manifest.json"), manifest);
+  fs::remove_all(d);
+}
+
+TEST(Runs, ResumeRefusesWhenAFileThePluginsReadChanged) {
+  const std::string d = temp_dir("files");
+  fs::copy_file(std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf/bert/model/vocab.txt", d + "/vocab.txt");
+  write(d + "/t.txt", "the earth was without form\nand void\nand darkness was upon the face of the deep\n");
+  const std::string yaml = "plugins:\n  - name: text\n    options: {tokenizer: wordpiece, vocab: vocab.txt}\n"
+                           "model:\n  d_model: 16\n  n_heads: 2\n  n_layers: 1\n  stem: {kind: tokens, vocab_size: 2056}\n"
+                           "  positions: {kind: learned, max_len: 64}\n  head: {kind: pool, pool: mean}\n"
+                           "data: {path: t.txt}\nruntime: {batch_size: 2}\n";
+  Diagnostics diags;
+  std::optional<Experiment> e = load_experiment_from_string(yaml, "v.yaml", d, {}, &diags);
+  ASSERT_TRUE(e) << diags.str();
+  run_ok(*e, d + "/run");
+  RunOptions o;
+  o.out_dir = d + "/run";
+  o.resume = true;
+  o.progress = false;
+  ASSERT_TRUE(run_experiment(*e, o).ok());
+
+  // The vocabulary edited in place (two tokens swapped: as many lines as before).
+  const std::string vocab = slurp(d + "/vocab.txt");
+  std::vector<std::string> tokens;
+  std::istringstream in(vocab);
+  for (std::string t; std::getline(in, t);) tokens.push_back(t);
+  const auto the = std::find(tokens.begin(), tokens.end(), "the"), earth = std::find(tokens.begin(), tokens.end(), "earth");
+  ASSERT_TRUE(the != tokens.end() && earth != tokens.end());
+  std::iter_swap(the, earth);
+  std::string swapped;
+  for (const std::string& t : tokens) swapped += t + "\n";
+  ASSERT_EQ(swapped.size(), vocab.size());
+  write(d + "/vocab.txt", swapped);
+  Result<RunSummary> r = run_experiment(*e, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot resume " + d + "/run: the file " + d +
+                                      "/vocab.txt (plugin text's option vocab) changed since the run started"),
+            std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("start over with --force"), std::string::npos) << r.status().message();
+  write(d + "/vocab.txt", vocab);
+  EXPECT_TRUE(run_experiment(*e, o).ok());
+
+  // A manifest written before batches were keyed by content.
+  nlohmann::json m = nlohmann::json::parse(slurp(d + "/run/manifest.json"));
+  m["format"] = 1;
+  m["done"] = {0, 1};
+  write(d + "/run/manifest.json", m.dump(2));
+  r = run_experiment(*e, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot resume " + d + "/run: its manifest.json (format 1) does not record what "
+                                      "each finished batch was computed from"),
+            std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("start over with --force"), std::string::npos) << r.status().message();
+  fs::remove_all(d);
+}
+
+TEST(Runs, ResumeRefusesWhenAPluginLibraryChanged) {
+  const std::string d = temp_dir("library");
+  std::string lib;
+  for (const auto& f : fs::directory_iterator(kPluginDir))
+    if (f.path().filename().string().find("probe") != std::string::npos) lib = f.path().string();
+  ASSERT_FALSE(lib.empty());
+  fs::create_directories(d + "/plugins");
+  const std::string copy = d + "/plugins/" + fs::path(lib).filename().string();
+  fs::copy_file(lib, copy);
+  write(d + "/t.txt", "one\ntwo\n");
+  Experiment e = experiment(d, d + "/t.txt");
+  e.plugins[0].file = copy;
+  run_ok(e, d + "/run");
+  std::ofstream(copy, std::ios::binary | std::ios::app) << '\0';  // "rebuilt": other bytes, same name and version
+  RunOptions o;
+  o.out_dir = d + "/run";
+  o.resume = true;
+  o.progress = false;
+  Result<RunSummary> r = run_experiment(e, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the file " + copy + " (plugin probe's library) changed since the run started"),
+            std::string::npos) << r.status().message();
+  fs::remove_all(d);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch invariance, to the bound docs/RUNS.md states: between two runs that differ only in the
+// batch size, packing, threads or workers, every output row x (a sequence's hidden row, an
+// embedding) and its counterpart y satisfy max_c |x_c - y_c| <= kRowBound * max_c |x_c|.
+// Measured worst, over models of 2 to 12 layers and d_model 32 to 768 on AVX-512 and with
+// ONEDNN_MAX_CPU_ISA=AVX2: 1.6e-6 (docs/RUNS.md). One row of padding leaking into a sequence
+// moves its rows by more than a hundred times the bound (checked below).
+
+namespace {
+
+// Lines of 1 to 190 bytes, so that sequences span several of the fused attention's 64-row query
+// blocks and sit at every offset in packed rows.
+std::string varied_lines(const std::string& dir, int n) {
+  const std::string letters = "the quick brown fox jumps over a lazy dog while seven wizards hex jolly boxing frogs ";
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    const size_t len = static_cast<size_t>((i * 37 + 11) % 190 + 1);
+    std::string line;
+    for (size_t j = 0; j < len; ++j) line += letters[(static_cast<size_t>(i) * 7 + j * 3) % letters.size()];
+    text += line + "\n";
+  }
+  write(dir + "/varied.txt", text);
+  return dir + "/varied.txt";
+}
+
+}  // namespace
+
+TEST(BatchInvariance, OutputsStayWithinTheStatedBound) {
+  const std::string d = temp_dir("invariance");
+  const std::string data = varied_lines(d, 41);
+  const std::string model = "model:\n  d_model: 64\n  n_heads: 4\n  n_layers: 2\n  stem: {kind: tokens, vocab_size: 300}\n"
+                            "  positions: {kind: learned, max_len: 512}\n  head: {kind: pool, pool: mean}\n";
+  auto run = [&](const std::string& task, const std::string& runtime, const std::string& data_path) {
+    const std::string yaml = "plugins:\n  - name: probe\n    path: " + kPluginDir + "\n" + model + "data:\n  path: " +
+                             data_path + "\ntask: {kind: " + task + "}\nruntime: " + runtime + "\noutputs: {provenance: false}\n";
+    Diagnostics diags;
+    std::optional<Experiment> e = load_experiment_from_string(yaml, "inv.yaml", d, {}, &diags);
+    EXPECT_TRUE(e) << diags.str();
+    const std::string out = d + "/" + task + std::to_string(std::hash<std::string>()(runtime + data_path));
+    run_ok(*e, out);
+    return out;
+  };
+  std::vector<std::string> runtimes;
+  for (int threads : {1, 2})
+    for (int batch : {1, 2, 3, 5, 8, 13, 41})
+      for (bool packing : {false, true})
+        if (batch > 1 || !packing)
+          runtimes.push_back("{threads: " + std::to_string(threads) + ", batch_size: " + std::to_string(batch) +
+                             ", packing: " + (packing ? "true" : "false") + "}");
+  runtimes.push_back("{batch_size: 8, packing: true, workers: 0}");
+  runtimes.push_back("{batch_size: 5, workers: 3}");
+
+  // Hidden rows, any two runs.
+  std::vector<HiddenRun> hidden;
+  for (const std::string& r : runtimes) hidden.push_back(read_hidden(run("hidden", r, data)));
+  double worst = 0;
+  for (size_t i = 0; i < hidden.size(); ++i)
+    for (size_t j = i + 1; j < hidden.size(); ++j) {
+      const double w = max_relative_row_difference(hidden[i], hidden[j], 64);
+      EXPECT_LE(w, kRowBound) << runtimes[i] << " and " << runtimes[j];
+      worst = std::max(worst, w);
+    }
+  std::printf("hidden rows: worst relative difference between two of %zu runs %.3g (bound %.3g)\n", hidden.size(), worst,
+              kRowBound);
+
+  // Embeddings (the pooled rows), any two of a few runs.
+  std::vector<Tensor> pooled;
+  for (const char* r : {"{threads: 1, batch_size: 1}", "{threads: 2, batch_size: 13, packing: true}", "{batch_size: 41}"}) {
+    pooled.push_back(npy::load(run("embed", r, data) + "/embeddings.npy").value());
+    ASSERT_EQ(pooled.back().shape(), Shape({41, 64}));
+  }
+  for (size_t i = 1; i < pooled.size(); ++i)
+    for (int64_t s = 0; s < 41; ++s) {
+      double diff = 0, scale = 0;
+      for (int64_t c = 0; c < 64; ++c) {
+        scale = std::max(scale, std::abs(static_cast<double>(pooled[0].at({s, c}))));
+        diff = std::max(diff, std::abs(static_cast<double>(pooled[0].at({s, c})) - pooled[i].at({s, c})));
+      }
+      EXPECT_LE(diff, kRowBound * scale) << "run " << i << ", sequence " << s;
+    }
+
+  // The bound notices one row too many: each line with one more byte (a row every other row
+  // attends to, as a leaked padding row would be) moves the rows they share far beyond it.
+  std::string longer;
+  std::istringstream in(slurp(data));
+  for (std::string l; std::getline(in, l);) longer += l + " \n";
+  write(d + "/longer.txt", longer);
+  const HiddenRun one_more = read_hidden(run("hidden", runtimes[0], d + "/longer.txt"));
+  double least = INFINITY;
+  for (const nlohmann::json& r : hidden[0].index) {
+    const std::string id = r["id"], other = "longer.txt" + id.substr(id.find(':'));
+    const std::vector<float>& x = hidden[0].rows.at(id);
+    const std::vector<float>& y = one_more.rows.at(other);
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      scale = std::max(scale, std::abs(static_cast<double>(x[i])));
+      diff = std::max(diff, std::abs(static_cast<double>(x[i]) - y[i]));
+    }
+    least = std::min(least, diff / scale);
+  }
+  EXPECT_GT(least, 100 * kRowBound);
+  std::printf("one row more: the least moved sequence moved by %.3g\n", least);
+  fs::remove_all(d);
+}

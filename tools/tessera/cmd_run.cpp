@@ -47,10 +47,11 @@ int run_run(const RunArgs& a) {
     return c == Code::internal || c == Code::io_error ? kExitFailure : kExitBadInput;
   }
   const RunSummary& s = *r;
-  std::printf("%s: %lld items, %lld sequences written, %lld failed, %lld batches (%lld resumed), %.1f s\n",
+  const std::string redone = s.batches_redone > 0 ? ", " + std::to_string(s.batches_redone) + " redone" : "";
+  std::printf("%s: %lld items, %lld sequences written, %lld failed, %lld batches (%lld resumed%s), %.1f s\n",
               s.dir.c_str(), static_cast<long long>(s.items), static_cast<long long>(s.sequences),
               static_cast<long long>(s.failed), static_cast<long long>(s.batches),
-              static_cast<long long>(s.batches_resumed), s.seconds);
+              static_cast<long long>(s.batches_resumed), redone.c_str(), s.seconds);
   if (s.seconds > 0) {  // where the time went; "waiting for the plugins": decoding the model did not hide
     std::printf("  time: setup %.1f s, model %.1f s, waiting for the plugins %.1f s, outputs %.1f s", s.setup_seconds,
                 s.model_seconds, s.wait_seconds,

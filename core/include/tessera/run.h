@@ -13,9 +13,11 @@
 // PNG heatmaps). See docs/RUNS.md.
 //
 // Nothing is lost: each batch's outputs are written atomically (temp file, fsync, rename) before the
-// manifest records the batch as done; a killed run continues with `resume` from the first batch not
-// done and ends with byte-identical outputs; a resume refuses when the config (incl. batch size and
-// threads, which decide the arithmetic) or the model changed. A bad item is recorded and skipped;
+// manifest records the batch as done, with a hash of its items' content; a killed run continues
+// with `resume` from the batches not done and ends with byte-identical outputs; a resume redoes
+// the finished batches whose items changed since, and refuses when the config (incl. batch size
+// and threads, which decide the arithmetic), the model or a file the plugins read changed. A bad
+// item is recorded and skipped;
 // the summary counts it. Progress goes to stderr.
 #pragma once
 
@@ -85,6 +87,7 @@ struct RunSummary {
   int64_t failed = 0;       // items recorded in errors.jsonl
   int64_t batches = 0;
   int64_t batches_resumed = 0;  // batches found done and skipped
+  int64_t batches_redone = 0;   // batches found done whose items changed since: computed again
   double seconds = 0;
   // Where the seconds went: setting up (plugins, the model, listing the dataset), the model
   // (forward passes and heads), and the model's thread waiting for the plugins' rows (decoding

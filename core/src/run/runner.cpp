@@ -1,6 +1,7 @@
 // The batch runner behind `tessera run`: items -> plugins -> batches -> model -> outputs, one batch
-// at a time, each committed atomically before the manifest records it, so a killed run resumes
-// where it stopped. Plugins decode the next batch on worker threads while the model runs.
+// at a time, each committed atomically before the manifest records it with a hash of its items'
+// bytes, so a killed run resumes where it stopped and a resume redoes the batches whose items
+// changed. Plugins decode the next batch on worker threads while the model runs.
 // Dataset listing is dataset.cpp's; heatmaps are heatmap.cpp's.
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -32,7 +34,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-constexpr int kManifestFormat = 1;
+// 2: each finished batch with the hash of its items' content, and the files the plugins read.
+// (1: batch numbers only.)
+constexpr int kManifestFormat = 2;
 
 // One sequence ready for the model: an item's rows (all its plugins' rows, concatenated), or one
 // window of an item.
@@ -53,6 +57,8 @@ struct ItemError {
 struct EncodedBatch {
   std::vector<Sequence> seqs;
   std::vector<ItemError> errors;
+  uint64_t content = 0;  // the hash of its items' content, as they were read to be encoded (batch_content)
+  std::vector<std::pair<int64_t, uint64_t>> item_hashes;  // (item, item_content_hash), while encoding
 };
 
 constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
@@ -97,6 +103,85 @@ Result<std::string> item_bytes(const ItemPart& p) {
     return Status::IoError(p.path + ": cannot read bytes " + std::to_string(p.offset) + ".." +
                            std::to_string(p.offset + p.length));
   return buf;
+}
+
+// An item's inputs as its plugins get them: each part's bytes, or why they cannot be read (empty
+// for a missing part). Nothing is read for an item that is broken before any plugin sees it.
+std::vector<Result<std::string>> read_parts(const DataItem& item) {
+  std::vector<Result<std::string>> v;
+  if (!item.error.empty()) return v;
+  for (const ItemPart& p : item.parts) v.push_back(p.missing ? Result<std::string>(std::string()) : item_bytes(p));
+  return v;
+}
+
+// FNV-1a of a length and then its bytes, so that ("ab", "c") and ("a", "bc") differ.
+uint64_t hash_field(std::string_view s, uint64_t h) {
+  const uint64_t n = s.size();
+  return fnv1a(s.data(), s.size(), fnv1a(&n, sizeof n, h));
+}
+
+// What an item's outputs are computed from, besides the configuration: its id, name and label
+// (they are written beside its outputs), the error it was listed with, and per input its file,
+// first line (plugins name it in their errors) and bytes, or why they could not be read. Not the
+// byte offset in a text file: editing one line leaves the other lines' items as they were.
+uint64_t item_content_hash(const DataItem& item, const std::vector<Result<std::string>>& bytes) {
+  uint64_t h = hash_field(item.id, kFnvOffset);
+  h = hash_field(item.name, h);
+  h = hash_field(item.label ? "1" + *item.label : "0", h);
+  h = hash_field(item.error, h);
+  h = hash_field(item.source, h);
+  for (size_t p = 0; p < bytes.size(); ++p) {
+    const ItemPart& part = item.parts[p];
+    h = hash_field(part.missing ? "missing" : part.is_text ? "text" : "file", h);
+    h = hash_field(part.path, h);
+    h = hash_field(std::to_string(part.line), h);
+    h = bytes[p].ok() ? hash_field(bytes[p].value(), hash_field("bytes", h))
+                      : hash_field(bytes[p].status().message(), hash_field("unreadable", h));
+  }
+  return h;
+}
+
+// A batch's content: its items' hashes in item order.
+uint64_t batch_content(const std::vector<uint64_t>& item_hashes) {
+  uint64_t h = kFnvOffset;
+  for (uint64_t x : item_hashes) h = fnv1a(&x, sizeof x, h);
+  return h;
+}
+
+// A file's bytes hashed (a folder: each file below it, by name, in order), or, when it cannot be
+// read, a hash of why.
+std::string file_hash(const std::string& path) {
+  std::error_code ec;
+  uint64_t h = kFnvOffset;
+  auto add_file = [&h](const fs::path& file) {
+    std::ifstream f(file, std::ios::binary);
+    if (!f) {
+      h = hash_field("unreadable", h);
+      return;
+    }
+    std::vector<char> buf(1 << 16);
+    uint64_t n = 0;
+    while (f.read(buf.data(), static_cast<std::streamsize>(buf.size())) || f.gcount() > 0) {
+      h = fnv1a(buf.data(), static_cast<size_t>(f.gcount()), h);
+      n += static_cast<uint64_t>(f.gcount());
+    }
+    h = fnv1a(&n, sizeof n, h);
+  };
+  if (fs::is_directory(path, ec)) {
+    std::vector<fs::path> files;
+    for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->is_regular_file(ec)) files.push_back(it->path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) {
+      h = hash_field(fs::relative(f, path, ec).string(), h);
+      add_file(f);
+    }
+  } else if (fs::exists(path, ec)) {
+    add_file(path);
+  } else {
+    h = hash_field("missing", h);
+  }
+  return hex64(h);
 }
 
 const char* role_name(uint8_t r) {
@@ -341,7 +426,11 @@ class Runner {
   Status generate_records(const std::vector<Sequence>& seqs, std::vector<json>* records) const;
   Status write_attention(const Sequence& s, int64_t b, int64_t start, const Outputs& out) const;
   Status write_manifest(const std::string& state) const;
+  Status check_resume(const json& m);
+  uint64_t content_now(int64_t k) const;
+  Status unmerge(const std::set<int64_t>& keep);
   Status finalize();
+  Status prune_attention(const std::vector<std::string>& ids) const;
   std::string class_name(int64_t k) const;
 
   const Experiment& exp_;
@@ -358,6 +447,11 @@ class Runner {
   std::string config_hash_, model_hash_;
   int64_t batch_size_ = 1, batches_ = 0;
   std::set<int64_t> done_;
+  std::map<int64_t, std::string> content_;  // per batch done: the hash of its items' content
+  struct DataFile {
+    std::string what, path, hash;  // "plugin text's option vocab", its absolute path, file_hash()
+  };
+  std::vector<DataFile> files_;  // what the plugins read besides the items: their libraries, the files their options name
   RunSummary summary_;
   int64_t items_done_ = 0;
   double model_seconds_ = 0;  // in the model: forward passes and heads (generate: the whole generation)
@@ -463,6 +557,16 @@ Status Runner::setup() {
     h = fnv1a(c.raw_data(), c.nbytes(), fnv1a(name.data(), name.size(), h));
   }
   model_hash_ = hex64(h);
+  // The files behind the configuration's names, by their bytes: each plugin's library and the
+  // files its options name (vocabularies, merges), and the class names.
+  for (const PluginConfig& pc : exp_.plugins) {
+    files_.push_back({"plugin " + pc.name + "'s library", pc.file, file_hash(pc.file)});
+    for (size_t i = 0; i < pc.options.size() && i < pc.option_types.size(); ++i)
+      if (pc.option_types[i] == TSR_OPT_PATH && !pc.options[i].second.empty())
+        files_.push_back({"plugin " + pc.name + "'s option " + pc.options[i].first, pc.options[i].second,
+                          file_hash(pc.options[i].second)});
+  }
+  if (!exp_.task.labels.empty()) files_.push_back({"task.labels", exp_.task.labels, file_hash(exp_.task.labels)});
   batch_size_ = exp_.runtime.batch_size;
   batches_ = (static_cast<int64_t>(items_.size()) + batch_size_ - 1) / batch_size_;
   return open_folder();
@@ -490,29 +594,8 @@ Status Runner::open_folder() {
       json m = json::parse(*text, nullptr, false);
       if (m.is_discarded() || !m.is_object())
         return Status::ParseError(manifest.string() + ": not a valid manifest (start over with --force)");
-      auto refuse = [&](const std::string& what, const std::string& then, const std::string& now) {
-        return Status::Invalid("cannot resume " + dir_.string() + ": " + what + " changed since the run started (" + then +
-                               " then, " + now + " now); start over with --force, or run into another folder with --out");
-      };
-      if (m.value("config_hash", "") != config_hash_)
-        return refuse("the experiment's configuration", m.value("config_hash", "?"), config_hash_);
-      if (m.value("model_hash", "") != model_hash_) return refuse("the model's weights", m.value("model_hash", "?"), model_hash_);
-      if (m.value("items", int64_t{-1}) != static_cast<int64_t>(items_.size()))
-        return refuse("the dataset", std::to_string(m.value("items", int64_t{-1})) + " items",
-                      std::to_string(items_.size()) + " items");
-      std::string then_plugins, now_plugins;
-      for (const auto& pl : m.value("plugins", json::array()))
-        then_plugins += (then_plugins.empty() ? "" : ", ") + pl.value("name", "?") + " " + pl.value("version", "?");
-      for (const auto& pl : plugins_) now_plugins += (now_plugins.empty() ? "" : ", ") + pl->name() + " " + pl->version();
-      if (then_plugins != now_plugins) return refuse("the plugins", then_plugins, now_plugins);
-      for (const auto& k : m.value("done", json::array())) done_.insert(k.get<int64_t>());
-      summary_.batches_resumed = static_cast<int64_t>(done_.size());
-      if (m.value("state", "") == "complete") {  // nothing left to do: leave the run as it is
-        complete_ = true;
-        summary_.sequences = m.value("sequences", int64_t{0});
-        summary_.failed = m.value("failed", int64_t{0});
-        return Status::Ok();
-      }
+      TSR_RETURN_IF_ERROR(check_resume(m));
+      if (complete_) return Status::Ok();
     }
   }
   fs::create_directories(dir_ / "shards", ec);
@@ -521,10 +604,105 @@ Status Runner::open_folder() {
   return write_manifest("running");
 }
 
+// --resume: refuses when what the outputs are computed from changed (the configuration, the
+// weights, the plugins and the files they read, the number of items), and otherwise keeps the
+// finished batches whose items are as they were and redoes the others. A finished run whose
+// items changed is cut back into shards first (unmerge), so that it is merged again at the end.
+Status Runner::check_resume(const json& m) {
+  const std::string cannot = "cannot resume " + dir_.string() + ": ";
+  const std::string fresh = "start over with --force, or run into another folder with --out";
+  const int64_t format = m.value("format", int64_t{0});
+  if (format < kManifestFormat)
+    return Status::Invalid(cannot + "its manifest.json (format " + std::to_string(format) +
+                           ") does not record what each finished batch was computed from, so a resume cannot tell "
+                           "which of them are stale (it was written by an earlier tessera); " + fresh);
+  if (format > kManifestFormat)
+    return Status::Invalid(cannot + "its manifest.json has format " + std::to_string(format) + ", newer than this "
+                           "tessera's (" + std::to_string(kManifestFormat) + "); resume it with the tessera that started "
+                           "it, or " + fresh);
+  auto refuse = [&](const std::string& what, const std::string& then, const std::string& now) {
+    return Status::Invalid(cannot + what + " changed since the run started (" + then + " then, " + now + " now); " + fresh);
+  };
+  if (m.value("config_hash", "") != config_hash_)
+    return refuse("the experiment's configuration", m.value("config_hash", "?"), config_hash_);
+  if (m.value("model_hash", "") != model_hash_) return refuse("the model's weights", m.value("model_hash", "?"), model_hash_);
+  if (m.value("items", int64_t{-1}) != static_cast<int64_t>(items_.size()))
+    return refuse("the dataset", std::to_string(m.value("items", int64_t{-1})) + " items",
+                  std::to_string(items_.size()) + " items");
+  std::string then_plugins, now_plugins;
+  for (const auto& pl : m.value("plugins", json::array()))
+    then_plugins += (then_plugins.empty() ? "" : ", ") + pl.value("name", "?") + " " + pl.value("version", "?");
+  for (const auto& pl : plugins_) now_plugins += (now_plugins.empty() ? "" : ", ") + pl->name() + " " + pl->version();
+  if (then_plugins != now_plugins) return refuse("the plugins", then_plugins, now_plugins);
+  std::map<std::string, std::string> then_files;  // path -> hash
+  for (const auto& f : m.value("files", json::array()))
+    if (f.is_object()) then_files[f.value("path", "")] = f.value("hash", "");
+  for (const DataFile& f : files_) {
+    auto it = then_files.find(f.path);
+    if (it == then_files.end() || it->second != f.hash)
+      return refuse("the file " + f.path + " (" + f.what + ")", it == then_files.end() ? "not recorded" : it->second, f.hash);
+  }
+
+  // The finished batches, each with what it was computed from.
+  std::map<int64_t, std::string> then_content;
+  for (const auto& d : m.value("done", json::array())) {
+    const bool ok = d.is_array() && d.size() == 2 && d[0].is_number_integer() && d[1].is_string() &&
+                    d[0].get<int64_t>() >= 0 && d[0].get<int64_t>() < batches_;
+    if (!ok)
+      return Status::Invalid(cannot + "its manifest.json lists a finished batch as " + d.dump() +
+                             ", not [batch, content hash], so a resume cannot tell whether it is stale; " + fresh);
+    then_content[d[0].get<int64_t>()] = d[1].get<std::string>();
+  }
+  std::set<int64_t> changed;
+  for (const auto& [k, c] : then_content) {
+    if (hex64(content_now(k)) != c) {
+      changed.insert(k);
+      continue;
+    }
+    done_.insert(k);
+    content_[k] = c;
+  }
+  const bool complete = m.value("state", "") == "complete";
+  summary_.batches_resumed = static_cast<int64_t>(done_.size());
+  summary_.batches_redone = static_cast<int64_t>(changed.size());
+  std::error_code ec;
+  if (complete && changed.empty()) {  // nothing left to do: leave the run as it is
+    complete_ = true;
+    summary_.sequences = m.value("sequences", int64_t{0});
+    summary_.failed = m.value("failed", int64_t{0});
+    fs::remove_all(dir_ / "shards", ec);  // left by a resume that was killed while it cut the outputs (unmerge)
+    return Status::Ok();
+  }
+  if (!changed.empty() && opt_.progress)
+    std::fprintf(stderr, "run: resume: %zu of %zu finished batches changed since they were written; redoing them\n",
+                 changed.size(), then_content.size());
+  if (complete) {
+    fs::create_directories(dir_ / "shards", ec);
+    if (ec) return Status::IoError(dir_.string() + ": cannot create " + (dir_ / "shards").string() + ": " + ec.message());
+    TSR_RETURN_IF_ERROR(unmerge(done_).with_prefix(cannot.substr(0, cannot.size() - 2)));
+  }
+  return Status::Ok();
+}
+
+// Batch k's content as its items are now (the hash encode_batch() would give).
+uint64_t Runner::content_now(int64_t k) const {
+  const int64_t begin = k * batch_size_, end = std::min<int64_t>(begin + batch_size_, static_cast<int64_t>(items_.size()));
+  std::vector<uint64_t> hashes;
+  for (int64_t i = begin; i < end; ++i) {
+    const DataItem& item = items_[static_cast<size_t>(i)];
+    hashes.push_back(item_content_hash(item, read_parts(item)));
+  }
+  return batch_content(hashes);
+}
+
 Status Runner::write_manifest(const std::string& state) const {
   json plugins = json::array();
   for (size_t i = 0; i < plugins_.size(); ++i)
     plugins.push_back({{"name", plugins_[i]->name()}, {"version", plugins_[i]->version()}, {"modality", plugins_[i]->modality()}});
+  json files = json::array();
+  for (const DataFile& f : files_) files.push_back({{"what", f.what}, {"path", f.path}, {"hash", f.hash}});
+  json done = json::array();
+  for (int64_t k : done_) done.push_back(json::array({k, content_.at(k)}));
   json m = {{"format", kManifestFormat},
             {"experiment", exp_.file},
             {"config_hash", config_hash_},
@@ -534,13 +712,20 @@ Status Runner::write_manifest(const std::string& state) const {
             {"items", items_.size()},
             {"batch_size", batch_size_},
             {"batches", batches_},
-            {"done", std::vector<int64_t>(done_.begin(), done_.end())},
+            {"files", files},
+            {"done", done},
             {"state", state}};
   if (state == "complete") {
     m["sequences"] = summary_.sequences;
     m["failed"] = summary_.failed;
   }
-  return write_file_atomic((dir_ / "manifest.json").string(), m.dump(2) + "\n");
+  // One key per line, each value on its line: rewritten after every batch, it grows by one short
+  // pair per batch.
+  std::string text = "{\n";
+  for (auto it = m.begin(); it != m.end(); ++it)
+    text += "  " + json(it.key()).dump() + ": " + it.value().dump(-1, ' ', false, json::error_handler_t::replace) +
+            (std::next(it) == m.end() ? "\n" : ",\n");
+  return write_file_atomic((dir_ / "manifest.json").string(), text + "}\n");
 }
 
 void Runner::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch* out) const {
@@ -548,6 +733,9 @@ void Runner::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch
   auto fail = [&](const std::string& file, const std::string& reason) {
     out->errors.push_back({index, item.id, file, reason});
   };
+  // Read once: what the plugins encode is what the manifest records as the item's content.
+  const std::vector<Result<std::string>> bytes = read_parts(item);
+  out->item_hashes.emplace_back(index, item_content_hash(item, bytes));
   if (!item.error.empty())
     return fail(!item.source.empty() ? item.source : item.parts.empty() ? std::string() : item.parts[0].path, item.error);
   std::vector<std::vector<TokenRows>> per_plugin(encs.size());
@@ -555,12 +743,11 @@ void Runner::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch
   for (size_t p = 0; p < encs.size(); ++p) {
     const ItemPart& part = item.parts[p];
     if (part.missing) continue;
-    Result<std::string> bytes = item_bytes(part);
-    if (!bytes.ok()) return fail(part.path, bytes.status().message());
+    if (!bytes[p].ok()) return fail(part.path, bytes[p].status().message());
     PluginItem pi;
     pi.id = item.id;
     pi.source = part.path;
-    pi.data = *bytes;
+    pi.data = bytes[p].value();
     pi.source_offset = part.offset;
     pi.source_line = part.line;
     Result<std::vector<TokenRows>> rows = encs[p].encode(pi);
@@ -663,7 +850,12 @@ EncodedBatch Runner::encode_batch(int64_t k) {
   for (auto& p : parts) {
     for (auto& s : p.seqs) out.seqs.push_back(std::move(s));
     for (auto& e : p.errors) out.errors.push_back(std::move(e));
+    out.item_hashes.insert(out.item_hashes.end(), p.item_hashes.begin(), p.item_hashes.end());
   }
+  std::sort(out.item_hashes.begin(), out.item_hashes.end());
+  std::vector<uint64_t> hashes;
+  for (const auto& ih : out.item_hashes) hashes.push_back(ih.second);
+  out.content = batch_content(hashes);
   std::stable_sort(out.seqs.begin(), out.seqs.end(), [](const Sequence& a, const Sequence& b) { return a.item < b.item; });
   std::sort(out.errors.begin(), out.errors.end(), [](const ItemError& a, const ItemError& b) { return a.item < b.item; });
   return out;
@@ -881,9 +1073,12 @@ Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
   std::string lines;
   for (const json& r : records) lines += jsonl_line(r);
   const fs::path shard = dir_ / "shards" / batch_name(k);
+  std::error_code ec;
   if (values.defined()) TSR_RETURN_IF_ERROR(npy::save(shard.string() + ".npy", values));
+  else fs::remove(shard.string() + ".npy", ec);  // a batch redone with no sequence left: not its earlier rows
   TSR_RETURN_IF_ERROR(write_file_atomic(shard.string() + ".jsonl", lines));
   done_.insert(k);
+  content_[k] = hex64(eb.content);
   return write_manifest("running");
 }
 
@@ -926,15 +1121,141 @@ Status Runner::generate_records(const std::vector<Sequence>& seqs, std::vector<j
   return Status::Ok();
 }
 
+// A finished run's merged outputs cut back into shards, one per batch in `keep`, as run_batch()
+// wrote them, so that the other batches can be redone and all of them merged again. The merged
+// files stay until finalize() replaces them; a resume killed meanwhile still finds them.
+Status Runner::unmerge(const std::set<int64_t>& keep) {
+  const TaskKind task = exp_.task.kind;
+  const std::string leaf = task == TaskKind::classify || task == TaskKind::score ? "predictions.jsonl"
+                           : task == TaskKind::generate                         ? "completions.jsonl"
+                                                                                : "index.jsonl";
+  auto lines_of = [&](const std::string& name, bool with_item, std::vector<json>* out) -> Status {
+    const std::string path = (dir_ / name).string();
+    Result<std::string> text = read_file(path);
+    if (!text.ok()) return text.status();
+    for (size_t pos = 0, line = 1; pos < text->size(); ++line) {
+      size_t eol = text->find('\n', pos);
+      if (eol == std::string::npos) eol = text->size();
+      json r = json::parse(text->substr(pos, eol - pos), nullptr, false);
+      if (r.is_discarded() || !r.is_object() || !r.contains("id") ||
+          (with_item && !(r.contains("item") && r["item"].is_number_integer())))
+        return Status::ParseError(path + ":" + std::to_string(line) + ": not a line this run wrote; start over with --force");
+      out->push_back(std::move(r));
+      pos = eol + 1;
+    }
+    return Status::Ok();
+  };
+  std::vector<json> seqs, errors, prov;
+  TSR_RETURN_IF_ERROR(lines_of(leaf, true, &seqs));
+  TSR_RETURN_IF_ERROR(lines_of("errors.jsonl", true, &errors));
+  if (exp_.outputs.provenance) {
+    TSR_RETURN_IF_ERROR(lines_of("rows.jsonl", false, &prov));
+    if (prov.size() != seqs.size())
+      return Status::Invalid((dir_ / "rows.jsonl").string() + " has " + std::to_string(prov.size()) + " lines for " +
+                             std::to_string(seqs.size()) + " sequences in " + leaf + "; start over with --force");
+  }
+  Tensor values;  // embeddings (one row per sequence) or hidden rows
+  const bool has_values = task == TaskKind::embed || task == TaskKind::hidden;
+  if (has_values) {
+    const std::string path = (dir_ / (task == TaskKind::hidden ? "hidden.npy" : "embeddings.npy")).string();
+    Result<Tensor> v = npy::load(path);
+    if (!v.ok()) return v.status();
+    values = std::move(v).value();
+  }
+  std::map<int64_t, std::vector<json>> records;                           // per batch, as its shard
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> row_spans;  // per batch: its rows of values
+  std::map<int64_t, int64_t> rows_in;                                     // per batch: hidden rows so far
+  int64_t row = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    json r = std::move(seqs[i]);
+    const int64_t k = r["item"].get<int64_t>() / batch_size_;
+    const int64_t n = task == TaskKind::hidden ? r.value("rows", int64_t{0}) : task == TaskKind::embed ? 1 : 0;
+    if (task == TaskKind::hidden) {
+      if (r.value("start", int64_t{-1}) != row)
+        return Status::Invalid((dir_ / leaf).string() + ":" + std::to_string(i + 1) + ": start " +
+                               std::to_string(r.value("start", int64_t{-1})) + ", but the rows before it end at " +
+                               std::to_string(row) + "; start over with --force");
+      r["start"] = rows_in[k];
+      rows_in[k] += n;
+    }
+    if (exp_.outputs.provenance) {
+      if (prov[i]["id"] != r["id"])
+        return Status::Invalid((dir_ / "rows.jsonl").string() + ":" + std::to_string(i + 1) + " is not the rows of " +
+                               r["id"].dump() + "; start over with --force");
+      r["prov"] = prov[i].value("rows", json::array());
+    }
+    r["t"] = "seq";
+    records[k].push_back(std::move(r));
+    if (n > 0) row_spans[k].emplace_back(row, n);
+    row += n;
+  }
+  if (has_values && row != values.dim(0))
+    return Status::Invalid((dir_ / leaf).string() + " names " + std::to_string(row) + " rows, but the outputs hold " +
+                           std::to_string(values.dim(0)) + "; start over with --force");
+  for (json& r : errors) {
+    r["t"] = "error";
+    records[r["item"].get<int64_t>() / batch_size_].push_back(std::move(r));
+  }
+  for (int64_t k : keep) {
+    std::vector<json>& recs = records[k];
+    std::stable_sort(recs.begin(), recs.end(), [](const json& a, const json& b) { return a["item"].get<int64_t>() < b["item"].get<int64_t>(); });
+    std::string lines;
+    for (const json& r : recs) lines += jsonl_line(r);
+    const fs::path shard = dir_ / "shards" / batch_name(k);
+    std::error_code ec;
+    if (has_values && !row_spans[k].empty()) {
+      int64_t n = 0;
+      for (const auto& [at, len] : row_spans[k]) n += len;
+      Tensor v = Tensor::empty({n, values.dim(1)});
+      int64_t to = 0;
+      for (const auto& [at, len] : row_spans[k]) {
+        v.slice(0, to, to + len).copy_from(values.slice(0, at, at + len));
+        to += len;
+      }
+      TSR_RETURN_IF_ERROR(npy::save(shard.string() + ".npy", v));
+    } else {
+      fs::remove(shard.string() + ".npy", ec);
+    }
+    TSR_RETURN_IF_ERROR(write_file_atomic(shard.string() + ".jsonl", lines));
+  }
+  return Status::Ok();
+}
+
+// Removes the attention files of sequences that are not in the outputs (an item redone since:
+// it gives fewer windows, or fails now), so that attention/ holds the maps of the outputs' rows.
+Status Runner::prune_attention(const std::vector<std::string>& ids) const {
+  if (exp_.task.attention.layers.empty()) return Status::Ok();
+  std::vector<int64_t> heads = exp_.task.attention.heads;
+  if (heads.empty())
+    for (int64_t h = 0; h < exp_.model.n_heads; ++h) heads.push_back(h);
+  std::set<std::string> names;  // what write_attention() writes
+  for (const std::string& id : ids)
+    for (int64_t layer : exp_.task.attention.layers) {
+      const std::string stem = safe_name(id) + ".layer" + std::to_string(layer);
+      names.insert(stem + ".npy");
+      if (exp_.task.attention.png)
+        for (int64_t h : heads) names.insert(stem + ".head" + std::to_string(h) + ".png");
+    }
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (auto it = fs::directory_iterator(dir_ / "attention", ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (it->is_regular_file() && !names.count(it->path().filename().string())) stale.push_back(it->path());
+  for (const fs::path& f : stale)
+    if (!fs::remove(f, ec) && ec) return Status::IoError(f.string() + ": cannot remove it: " + ec.message());
+  return Status::Ok();
+}
+
 Status Runner::finalize() {
   // Merge the shards, in batch order, into the run's outputs.
   std::string index, predictions, completions, rows, errors;
   std::vector<Tensor> parts;
-  int64_t total = 0;
+  std::vector<std::string> ids;  // of the sequences written
+  int64_t total = 0;             // rows of the shards before this one
   for (int64_t k = 0; k < batches_; ++k) {
     const fs::path shard = dir_ / "shards" / batch_name(k);
     Result<std::string> text = read_file(shard.string() + ".jsonl");
     if (!text.ok()) return text.status().with_prefix("finishing the run");
+    const int64_t base = total;  // hidden: a shard's starts count from its first row, the outputs' from the run's
     std::error_code ec;
     if (fs::exists(shard.string() + ".npy", ec)) {
       Result<Tensor> v = npy::load(shard.string() + ".npy");
@@ -954,6 +1275,8 @@ Status Runner::finalize() {
         continue;
       }
       ++summary_.sequences;
+      ids.push_back(r["id"].get<std::string>());
+      if (r.contains("start")) r["start"] = base + r["start"].get<int64_t>();
       if (r.contains("prov")) {
         rows += jsonl_line(json({{"id", r["id"]}, {"rows", r["prov"]}}));
         r.erase("prov");
@@ -985,6 +1308,7 @@ Status Runner::finalize() {
     TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "index.jsonl").string(), index));
   if (exp_.outputs.provenance) TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "rows.jsonl").string(), rows));
   TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / "errors.jsonl").string(), errors));
+  TSR_RETURN_IF_ERROR(prune_attention(ids));
   TSR_RETURN_IF_ERROR(write_manifest("complete"));
   std::error_code ec;
   fs::remove_all(dir_ / "shards", ec);
