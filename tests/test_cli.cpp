@@ -422,6 +422,13 @@ TEST(Cli, TokenizeShowsEachRecordOfAFastaFile) {
   EXPECT_EQ(broken.code, 2);
   EXPECT_TRUE(has(broken.out, "# broken.fasta#1 (good): 5 rows of token ids")) << broken.out;
   EXPECT_TRUE(has(broken.err, "tessera tokenize: broken.fasta#2 (bad): ")) << broken.err;
+  // A header after blanks is a record the reader refuses: reported, never a crash.
+  std::ofstream(dir + "indented.fasta") << "  >a\nMK\n>b\nLV\n";
+  const Ran indented = run_cli(q + dir + "indented.fasta");
+  EXPECT_EQ(indented.code, 2) << indented.err;
+  EXPECT_TRUE(has(indented.err, "tessera tokenize: indented.fasta:1: ")) << indented.err;
+  EXPECT_TRUE(has(indented.err, "sequence data before the first '>' header line")) << indented.err;
+  EXPECT_TRUE(has(indented.out, "decoded: LV\n")) << indented.out;
   std::filesystem::remove_all(dir);
 }
 
@@ -477,6 +484,10 @@ TEST(Cli, UsageErrorsSuggestTheNearestSubcommandOrOption) {
        "tessera check: unknown option '-set'. Did you mean '--set'?"},
       {"check configs/examples/red_ball_rolls.yaml configs/examples/scaling.yaml",
        "tessera check: unexpected argument 'configs/examples/scaling.yaml'"},
+      // Dashes and no name: nothing to suggest, and no crash.
+      {"---", "tessera: unknown option '---'; see `tessera --help`"},
+      {"check configs/examples/red_ball_rolls.yaml -=1", "tessera check: unknown option '-'; see"},
+      {"check configs/examples/red_ball_rolls.yaml --=x", "tessera check: unknown option '--'; see"},
   };
   for (const auto& [args, msg] : cases) {
     const Ran r = run_cli(args);

@@ -208,6 +208,7 @@ int run_tokenize(const TokenizeArgs& a) {
   struct Input {
     PluginItem item;
     std::string shown;  // "<text>", the file, or "two.fasta#2 (name)"
+    std::string error;  // non-empty: the record is broken before the plugin sees it
   };
   std::vector<Input> inputs;
   std::string bytes;  // the file's: the items' data are views of it
@@ -215,7 +216,7 @@ int run_tokenize(const TokenizeArgs& a) {
     PluginItem item;
     item.id = "<text>";
     item.data = a.text;
-    inputs.push_back({item, item.id});
+    inputs.push_back({item, item.id, ""});
   } else {
     Result<std::string> r = read_file(a.input);
     if (!r.ok()) {
@@ -235,14 +236,20 @@ int run_tokenize(const TokenizeArgs& a) {
         return kExitBadInput;
       }
       for (const DataItem& d : *records) {
-        const ItemPart& part = d.parts.at(0);
+        const std::string shown = d.id + (d.name.empty() ? "" : " (" + d.name + ")");
+        if (!d.error.empty() || d.parts.empty() || d.parts[0].offset + d.parts[0].length > bytes.size()) {
+          // A record the reader refused (a header after blanks, say), or a file that changed since.
+          inputs.push_back({PluginItem{}, shown, d.error.empty() ? "the file changed while it was read" : d.error});
+          continue;
+        }
+        const ItemPart& part = d.parts[0];
         PluginItem item;
         item.id = d.id;
         item.source = a.input;
         item.source_offset = part.offset;
         item.source_line = part.line;
         item.data = std::string_view(bytes).substr(part.offset, part.length);
-        inputs.push_back({item, d.id + (d.name.empty() ? "" : " (" + d.name + ")")});
+        inputs.push_back({item, shown, ""});
       }
     } else {
       PluginItem item;
@@ -250,11 +257,16 @@ int run_tokenize(const TokenizeArgs& a) {
       item.source = a.input;
       item.source_line = text ? 1 : 0;
       item.data = bytes;
-      inputs.push_back({item, a.input});
+      inputs.push_back({item, a.input, ""});
     }
   }
   int failed = 0;
   for (const Input& in : inputs) {
+    if (!in.error.empty()) {
+      std::fprintf(stderr, "tessera tokenize: %s: %s\n", in.shown.c_str(), in.error.c_str());
+      ++failed;
+      continue;
+    }
     Result<std::vector<TokenRows>> rows = enc->encode(in.item);
     if (!rows.ok()) {
       std::fprintf(stderr, "tessera tokenize: %s: %s\n", in.shown.c_str(), rows.status().message().c_str());

@@ -61,7 +61,8 @@ int report_unplaced(CLI::App& app, const std::string& arg) {
     std::vector<std::string> longs;
     for (const CLI::Option* o : app.get_options())
       for (const std::string& l : o->get_lnames()) longs.push_back(l);
-    const std::string near = nearest_name(name.substr(name.find_first_not_of('-')), longs);
+    const size_t bare = name.find_first_not_of('-');  // "---" or "-=1": no name at all
+    const std::string near = bare == std::string::npos ? "" : nearest_name(name.substr(bare), longs);
     if (!near.empty()) {
       std::fprintf(stderr, "%s: unknown option '%s'. Did you mean '--%s'?\n", me.c_str(), name.c_str(),
                    near.c_str());
