@@ -926,6 +926,18 @@ TEST(Runs, ResumeRefusesWhenAFileThePluginsReadChanged) {
                                       "each finished batch was computed from"),
             std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("start over with --force"), std::string::npos) << r.status().message();
+
+  // Values of the wrong type, as a hand edit leaves them: refused, naming the manifest, never an abort.
+  for (const char* edit : {R"({"format": "2"})", R"({"plugins": [1, 2]})", R"({"done": [["0", 5]]})"}) {
+    nlohmann::json bad = nlohmann::json::parse(slurp(d + "/run/manifest.json"));
+    bad["format"] = 2;
+    bad.merge_patch(nlohmann::json::parse(edit));
+    write(d + "/run/manifest.json", bad.dump(2));
+    r = run_experiment(*e, o);
+    ASSERT_FALSE(r.ok()) << edit;
+    EXPECT_NE(r.status().message().find(d + "/run/manifest.json"), std::string::npos) << edit << ": " << r.status().message();
+    EXPECT_NE(r.status().message().find("start over with --force"), std::string::npos) << r.status().message();
+  }
   fs::remove_all(d);
 }
 

@@ -594,7 +594,15 @@ Status Runner::open_folder() {
       json m = json::parse(*text, nullptr, false);
       if (m.is_discarded() || !m.is_object())
         return Status::ParseError(manifest.string() + ": not a valid manifest (start over with --force)");
-      TSR_RETURN_IF_ERROR(check_resume(m));
+      // A value of the wrong type in a run's files (edited by hand, say) is a refusal, not an abort.
+      Status resumed = Status::Ok();
+      try {
+        resumed = check_resume(m);
+      } catch (const json::exception& e) {
+        resumed = Status::ParseError(manifest.string() + " (or an output beside it): a value of the wrong type: " +
+                                     e.what() + " (start over with --force)");
+      }
+      TSR_RETURN_IF_ERROR(resumed);
       if (complete_) return Status::Ok();
     }
   }
@@ -1170,6 +1178,10 @@ Status Runner::unmerge(const std::set<int64_t>& keep) {
     json r = std::move(seqs[i]);
     const int64_t k = r["item"].get<int64_t>() / batch_size_;
     const int64_t n = task == TaskKind::hidden ? r.value("rows", int64_t{0}) : task == TaskKind::embed ? 1 : 0;
+    if (n < 0 || (has_values && row + n > values.dim(0)))
+      return Status::Invalid((dir_ / leaf).string() + ":" + std::to_string(i + 1) + ": " + std::to_string(n) +
+                             " rows from row " + std::to_string(row) + ", beyond the outputs' " +
+                             std::to_string(has_values ? values.dim(0) : 0) + "; start over with --force");
     if (task == TaskKind::hidden) {
       if (r.value("start", int64_t{-1}) != row)
         return Status::Invalid((dir_ / leaf).string() + ":" + std::to_string(i + 1) + ": start " +
