@@ -42,9 +42,8 @@ std::string fmt_count(double v);  // 86,389,248
 std::string fmt_bytes(double v);  // 12.3 MiB
 std::string fmt_flops(double v);  // 280 FLOP, 3.5 MFLOP, 281 GFLOP
 
-// Timing (bench): seconds since t0 on the steady clock; the median of a non-empty list.
+// Timing (bench): seconds since t0 on the steady clock (the median of runs: spread_of, bench_machine.h).
 double seconds_since(std::chrono::steady_clock::time_point t0);
-double median(std::vector<double> v);
 
 // Left-aligned columns, two spaces apart.
 std::string table(const std::vector<std::vector<std::string>>& rows, int indent = 2);
