@@ -638,7 +638,7 @@ TEST(ProteinBadInput, EachBrokenRecordIsAnErrorWithItsPlace) {
 
 TEST(ProteinBadInput, BareSequencesAndInlineTextNameTheirPlaceUnderResidues) {
   // One row per residue reads a bare sequence with the FASTA grammar (under tokenizer: esm it is
-  // EsmTokenizer's text: ProteinEsmTokenizer.BareTextIsNeverAGrammarErrorButMustBeUtf8).
+  // EsmTokenizer's text: ProteinEsmTokenizer.BareTextGivesEsmTokenizerIdsOrNamesTheCharacterNoSequenceHolds).
   const Encoder e = encoder(kResidues);
   // A line of a text file: FILE:LINE:COL from the item's source and line.
   EXPECT_EQ(encode_error(e, text_item("seqs.txt:4", "seqs.txt", "MKT1", 4)).message(),
