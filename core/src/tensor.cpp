@@ -18,6 +18,7 @@ size_t dtype_size(DType t) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::u8: return 1;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -30,11 +31,14 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::u8: return "u8";
+    case DType::f64: return "f64";
   }
   return "?";
 }
 
-bool dtype_is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+bool dtype_is_float(DType t) {
+  return t == DType::f32 || t == DType::bf16 || t == DType::f16 || t == DType::f64;
+}
 
 float f16_to_f32(f16 v) {
   const uint32_t h = v.bits;
@@ -146,6 +150,7 @@ template <> constexpr DType dtype_of<f16>() { return DType::f16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
 
 float load_as_float(const void* p, DType t) {
   switch (t) {
@@ -155,6 +160,7 @@ float load_as_float(const void* p, DType t) {
     case DType::i32: return static_cast<float>(*static_cast<const int32_t*>(p));
     case DType::i64: return static_cast<float>(*static_cast<const int64_t*>(p));
     case DType::u8: return static_cast<float>(*static_cast<const uint8_t*>(p));
+    case DType::f64: return static_cast<float>(*static_cast<const double*>(p));
   }
   return 0.f;
 }
@@ -182,6 +188,7 @@ void convert_element(const void* src, DType st, void* dst, DType dt) {
     case DType::i32: *static_cast<int32_t*>(dst) = static_cast<int32_t>(f); break;
     case DType::i64: *static_cast<int64_t*>(dst) = static_cast<int64_t>(f); break;
     case DType::u8: *static_cast<uint8_t*>(dst) = static_cast<uint8_t>(f); break;
+    case DType::f64: *static_cast<double*>(dst) = f; break;
   }
 }
 
@@ -266,6 +273,8 @@ const T* Tensor::data() const {
   TSR_CHECK(dtype_ == dtype_of<T>(), "Tensor::data<T>: T does not match dtype");
   return static_cast<const T*>(raw_data());
 }
+template double* Tensor::data<double>();
+template const double* Tensor::data<double>() const;
 template float* Tensor::data<float>();
 template const float* Tensor::data<float>() const;
 template bf16* Tensor::data<bf16>();

@@ -126,7 +126,61 @@ Status attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
 Status split_heads(const Tensor& x, int64_t n_heads, Tensor& y);
 Status merge_heads(const Tensor& x, Tensor& y);
 
+// ---- Training: forward ops that keep what their backward needs, and the backward ops -------
+// Conventions (fast path and reference alike):
+//   - the gradient of an input (dx) is written: it overwrites its tensor;
+//   - the gradient of a parameter (dw, db, dgamma, dbeta, dtable) is added to its tensor (+=), so
+//     micro-batches accumulate and a weight used twice (a tied LM head) sums both uses, with no
+//     extra buffer; callers zero parameter gradients once per optimizer step;
+//   - any gradient pointer may be null: that gradient is not computed;
+//   - f32 throughout (x, w and the gradients); the reference loops also take f64 (every tensor
+//     of one call f64), for gradient checks against finite differences in double precision.
+
+// y (M, N) = x (M, K) · w (K, N) [+ b (N)] on plain, unpacked weights (they change every step,
+// so nothing is reordered ahead). w may be any strided view (a transpose view of (N, K)).
+Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
+// Backward of y = x · w + b: dx (M, K) = dy · wᵀ; dw (K, N) += xᵀ · dy; db (N) += Σ_rows dy.
+// dw may be a strided view (the (V, C) table's transpose for a tied head).
+Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db);
+
+// dx = dy ⊙ act'(x), x the activation's input (the pre-activation rows). dx may be dy.
+Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
+
+// layer_norm that also keeps each row's mean and 1/sqrt(var + eps) (mean, rstd: (rows) f32).
+Status layer_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd);
+// Backward of layer_norm over the last axis from the kept mean and rstd.
+Status layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor* dx, Tensor* dgamma, Tensor* dbeta);
+
+// Backward of y = softmax(x) along the last axis from y: dx = y ⊙ (dy - Σ_last dy ⊙ y). dx may be dy.
+Status softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
+
+// dtable (V, C) += Σ over rows i with ids[i] = v of dy[i] (the embedding lookup's backward);
+// ids (...) i32 as in embedding, dy (..., C).
+Status embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dtable);
+
+// Cross-entropy of logits (N, V) against targets (N) i32, a target of -1 meaning "no loss on this
+// row": loss_i = -Σ_v q_iv log softmax(logits_i)_v with q = (1 - ε) one_hot + ε / V (label
+// smoothing ε in [0, 1)). Writes the sum of the counted rows' losses (double) and how many rows
+// counted; when dlogits (N, V) is given, writes scale · d(sum)/d(logits) (ignored rows get zeros):
+// scale · (softmax - q). A target outside [-1, V) is an error naming the row.
+Status cross_entropy(const Tensor& logits, const Tensor& targets, float label_smoothing, double* loss_sum,
+                     int64_t* counted, Tensor* dlogits = nullptr, float scale = 1.f);
+
+// Fused attention (ops::attention) that also keeps, for every query row, the log-sum-exp of its
+// masked, scaled scores: lse (B, H, T) f32 (-inf for a row with no key). Same outputs as attention.
+Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
+                       bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
+// Its backward, recomputing the weights tile by tile from q, k and lse (FlashAttention-2), so the
+// memory stays O(T) as in the forward: dq (B, H, T, dk), dk (B, H, S, dk), dv (B, H, S, dv) are
+// written (they may be strided views, e.g. of one fused dQKV buffer). out and dout (B, H, T, dv).
+Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal = false,
+                          const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
+
 }  // namespace ops
+
 
 // Reference loops: the same contracts, written for clarity. f32 accumulation; bf16 inputs are
 // converted to f32 first (so they give what the fast path gives on bf16-rounded inputs).
@@ -144,6 +198,27 @@ Status merge_heads(const Tensor& x, Tensor& y);
 Status attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, float scale,
                  bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
 float activate(Activation act, float x);  // one value
+double activate(Activation act, double x);
+double activate_derivative(Activation act, double x);  // d act / dx at x
+
+// The training ops (see above), as plain loops; f32 or f64.
+Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
+Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db);
+Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
+Status layer_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd);
+Status layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor* dx, Tensor* dgamma, Tensor* dbeta);
+Status softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
+Status embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dtable);
+Status cross_entropy(const Tensor& logits, const Tensor& targets, float label_smoothing, double* loss_sum,
+                     int64_t* counted, Tensor* dlogits = nullptr, float scale = 1.f);
+// Materialised: the (T, S) weights as a tensor, softmax backward on them.
+Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
+                       bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
+Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal = false,
+                          const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
 }  // namespace ref
 
 }  // namespace tessera

@@ -33,6 +33,7 @@ enum class DType : uint8_t {
   i32 = 3,
   i64 = 4,
   u8 = 5,
+  f64 = 6,  // reference loops and gradient checks in double precision; no fast path reads it
 };
 
 size_t dtype_size(DType t);

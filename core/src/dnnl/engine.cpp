@@ -270,6 +270,7 @@ dnnl::memory::data_type dt_of(DType t) {
     case DType::u8:
       return dt::u8;
     case DType::i64:
+    case DType::f64:
       return dt::undef;
   }
   return dt::undef;

@@ -39,6 +39,7 @@ const char* descr_for(DType t) {
     case DType::i32: return "<i4";
     case DType::i64: return "<i8";
     case DType::u8: return "|u1";
+    case DType::f64: return "<f8";
   }
   return "?";
 }

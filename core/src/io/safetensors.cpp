@@ -49,6 +49,7 @@ const char* file_dtype_name(DType t) {
     case DType::i32: return "I32";
     case DType::i64: return "I64";
     case DType::u8: return "U8";
+    case DType::f64: return "F64";
   }
   return "?";
 }
