@@ -52,6 +52,7 @@
 
 #include "tessera/config.h"
 #include "tessera/ops.h"
+#include "tessera/parameters.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
 
@@ -157,9 +158,13 @@ class Model {
   // tensors are all reported together in one status naming each tensor with expected and found
   // shapes (and the YAML location of the source).
   static Result<Model> build(const ModelConfig& cfg);
+  // Builds the model on parameters resolved elsewhere (training: the optimizer's current master
+  // weights; they are shared, not copied, except where a layer packs its weights). They must be
+  // exactly the ones cfg asks for (Parameters::check).
+  static Result<Model> build(const ModelConfig& cfg, const Parameters& params);
 
   const ModelConfig& config() const { return *cfg_; }
-  const std::vector<std::pair<std::string, Tensor>>& parameters() const { return *params_; }
+  const Parameters& parameters() const { return *params_; }
   const Tensor* parameter(const std::string& name) const;
   int64_t rows_for(int64_t input_rows) const;  // T' for T input rows
 
@@ -178,7 +183,7 @@ class Model {
 
  private:
   std::shared_ptr<const ModelConfig> cfg_;
-  std::shared_ptr<const std::vector<std::pair<std::string, Tensor>>> params_;
+  std::shared_ptr<const Parameters> params_;
   std::shared_ptr<const Layers> layers_;
 };
 

@@ -110,12 +110,17 @@ Status check_model_config(const ModelConfig& c) {
 
 Result<Model> Model::build(const ModelConfig& cfg) {
   TSR_RETURN_IF_ERROR(check_model_config(cfg));
-  auto params_r = model::resolve_parameters(cfg);
-  if (!params_r.ok()) return params_r.status();
+  auto params = Parameters::resolve(cfg);
+  if (!params.ok()) return params.status();
+  return build(cfg, *params);
+}
+
+Result<Model> Model::build(const ModelConfig& cfg, const Parameters& params) {
+  TSR_RETURN_IF_ERROR(check_model_config(cfg));
+  TSR_RETURN_IF_ERROR(params.check(cfg));
   Model m;
   m.cfg_ = std::make_shared<const ModelConfig>(cfg);
-  auto params = std::make_shared<std::vector<std::pair<std::string, Tensor>>>(std::move(params_r).value());
-  m.params_ = params;
+  m.params_ = std::make_shared<const Parameters>(params);
   auto P = [&](const std::string& name) -> Tensor {
     const Tensor* t = m.parameter(name);
     return t ? *t : Tensor();
@@ -216,11 +221,7 @@ Result<Model> Model::build(const ModelConfig& cfg) {
   return m;
 }
 
-const Tensor* Model::parameter(const std::string& name) const {
-  for (const auto& [n, t] : *params_)
-    if (n == name) return &t;
-  return nullptr;
-}
+const Tensor* Model::parameter(const std::string& name) const { return params_->find(name); }
 
 int64_t Model::rows_for(int64_t input_rows) const {
   const StemKind k = cfg_->stem.kind;
@@ -228,7 +229,7 @@ int64_t Model::rows_for(int64_t input_rows) const {
   return input_rows + (cfg_->stem.dist ? 2 : 1);
 }
 
-Status Model::save(const std::string& path) const { return safetensors::write(path, *params_); }
+Status Model::save(const std::string& path) const { return params_->save(path); }
 
 // ---------------------------------------------------------------------------------------------
 // Forward

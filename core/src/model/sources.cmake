@@ -3,5 +3,6 @@ target_sources(tessera PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/positions.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weights.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/parameters.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/generate.cpp)
