@@ -17,9 +17,11 @@ distillation rows, prepended or by role, modality embedding, stem.norm); positio
 learned / sinusoidal / relative (Shaw) / rotary (half, interleaved, partial); post-LN, pre-LN and
 no norm; the FFN with relu / gelu / gelu_tanh; padding, causal and packing masks; the final norm;
 heads pool / classifier (pool cls / mean / last / cls_dist, pooler, normalize, head.norm) and lm
-(tied or not, transform, lm_bias). Not covered (refused): bf16 compute, ESM-2's token_dropout,
-attention without an output projection, Hugging Face folders, residual false with pre-LN. Dropout
-does not exist in Tessera's forward, so there is none here.
+(tied or not, transform, lm_bias). The fixtures of tests/data/grad exercise all of this except
+the identity stem, norm none, residual false, explicit Batch::positions, head.kind pool and
+head.normalize (written, but not yet held against Tessera). Refused: bf16 compute, ESM-2's
+token_dropout, attention without an output projection, Hugging Face folders, residual false with
+pre-LN. Dropout does not exist in Tessera's forward, so there is none here.
 
 Developer tool only: the product, its build and its tests never run Python.
 """
