@@ -1,0 +1,268 @@
+// Gradient fixtures (tests/data/grad, made by tools/reference/make_grad_fixtures.py from a PyTorch
+// re-implementation of Tessera's model, tools/reference/tessera_torch.py): each case is an
+// experiment file, its weights, and one io file with a batch, a loss's target, PyTorch's forward
+// outputs, the loss and autograd's gradient of every parameter.
+//
+// This suite proves that the PyTorch side computes Tessera's model: Tessera's forward, on the
+// reference loops and on the fast path, gives the fixtures' hidden rows and logits (and so the
+// same loss), and the files hold exactly the parameters Tessera asks for, each with a gradient.
+// The gradients themselves are checked once Tessera has a backward pass: GradFixture below is the
+// loader those checks share.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tessera/config.h"
+#include "tessera/model.h"
+#include "tessera/safetensors.h"
+
+using namespace tessera;
+
+namespace {
+
+const std::string kGradDir = std::string(TESSERA_TEST_DATA) + "/grad/";
+
+// ---------------------------------------------------------------------------------------------
+// The loader: one case of tests/data/grad (format in tests/data/grad/README.md).
+
+struct GradFixture {
+  enum class Loss { tokens, labels, probe };
+
+  std::string name;
+  ModelConfig model;  // NAME.yaml's model, resolved by load_experiment
+  Batch batch;        // ids / rows, lengths or segments, types, kinds, modality, roles
+  int64_t extra = 0;  // rows the stem prepends (CLS, distillation): T' = T + extra
+  std::vector<uint8_t> real;  // (B·T'): 1 where the row belongs to a sequence, 0 for padding
+
+  // The loss, and its target (exactly one of the three is defined):
+  //   tokens: mean cross-entropy of logits (B, T', V) over rows whose target is not -1;
+  //   labels: mean cross-entropy of logits (B, n_classes) over items;
+  //   probe:  Σ probe ⊙ hidden (models without a head); probe is zero on padding rows.
+  Loss loss_kind = Loss::probe;
+  Tensor targets;  // (B, T') i32
+  Tensor labels;   // (B) i32
+  Tensor probe;    // (B, T', C) f32
+  float loss = 0;  // PyTorch's value
+
+  Tensor hidden;  // (B, T', C) PyTorch's, after the final norm
+  Tensor logits;  // (B, n_classes) or (B, T', V); undefined without a head
+  // dLoss/dparameter by Tessera parameter name, and "rows": dLoss/dBatch::rows for stems that
+  // read feature rows. f32, computed in float64.
+  std::map<std::string, Tensor> grads;
+
+  bool is_real(int64_t b, int64_t t) const { return real[static_cast<size_t>(b * hidden.dim(1) + t)] != 0; }
+};
+
+Result<GradFixture> load_grad_fixture(const std::string& name) {
+  GradFixture f;
+  f.name = name;
+  Diagnostics diags;
+  const std::optional<Experiment> exp = load_experiment(kGradDir + name + ".yaml", {}, &diags);
+  if (!exp) return Status::Invalid(name + ".yaml: " + diags.str());
+  f.model = exp->model;
+  auto io = safetensors::File::open(kGradDir + name + ".io.safetensors");
+  if (!io.ok()) return io.status();
+  auto get = [&](const std::string& key) -> Tensor {
+    if (!io->find(key)) return Tensor();
+    auto t = io->get(key);
+    return t.ok() ? t.value() : Tensor();
+  };
+
+  Batch& b = f.batch;
+  b.ids = get("ids");
+  b.rows = get("rows");
+  b.segments = get("segments");
+  b.types = get("types");
+  b.kinds = get("kinds");
+  b.modality = get("modality");
+  b.roles = get("roles");
+  if (const Tensor lengths = get("lengths"); lengths.defined())
+    for (int64_t i = 0; i < lengths.numel(); ++i) b.lengths.push_back(lengths.data<int32_t>()[i]);
+
+  f.targets = get("targets");
+  f.labels = get("labels");
+  f.probe = get("probe");
+  if (f.targets.defined() + f.labels.defined() + f.probe.defined() != 1)
+    return Status::Invalid(name + ".io.safetensors: needs exactly one of targets, labels, probe");
+  f.loss_kind = f.targets.defined() ? GradFixture::Loss::tokens
+                : f.labels.defined() ? GradFixture::Loss::labels
+                                     : GradFixture::Loss::probe;
+  f.hidden = get("hidden");
+  f.logits = get("logits");
+  const Tensor loss = get("loss");
+  if (!f.hidden.defined() || !loss.defined()) return Status::Invalid(name + ".io.safetensors: no hidden or loss");
+  f.loss = loss.data<float>()[0];
+  for (const auto& info : io->tensors())
+    if (info.name.rfind("grad.", 0) == 0) f.grads[info.name.substr(5)] = get(info.name);
+
+  // Real rows, as Model::forward lays them out: a prepended CLS row belongs to its item.
+  const int64_t B = b.batch_size(), T_in = b.seq_len(), T = f.hidden.dim(1);
+  f.extra = T - T_in;
+  f.real.assign(static_cast<size_t>(B * T), 1);
+  for (int64_t i = 0; i < B; ++i)
+    for (int64_t t = 0; t < T; ++t) {
+      bool real = true;
+      if (b.segments.defined()) real = b.segments.data<int32_t>()[i * T_in + t] >= 0;  // no CLS rows with segments
+      else if (!b.lengths.empty()) real = t < b.lengths[static_cast<size_t>(i)] + f.extra;
+      f.real[static_cast<size_t>(i * T + t)] = real;
+    }
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// Every case in tests/data/grad (README.md says what each one covers).
+const std::vector<std::string> kCases = {"gpt2",        "encoder2017",        "bert",     "bert_mlm",
+                                         "vit",         "rotary_half",        "rotary_interleaved",
+                                         "relative",    "packed",             "mixed",
+                                         "deit",        "deit_roles"};
+
+// Tolerance: the largest difference must stay within kRelTol of the expected tensor's scale (its
+// largest magnitude over the compared entries). Tessera computes in f32, the fixtures in float64.
+constexpr double kRelTol = 1e-5;
+
+// Largest |a - e| over the entries of (B, T', N) (or (B, N)) tensors whose row is real, and the
+// largest |e| there.
+struct Diff {
+  double max_abs = 0, scale = 0;
+  double rel() const { return max_abs / std::max(scale, 1e-30); }
+};
+Diff compare_rows(const Tensor& actual, const Tensor& expected, const GradFixture& f) {
+  Diff d;
+  const Tensor a = actual.contiguous(), e = expected.contiguous();
+  const bool per_row = e.rank() == 3;
+  const int64_t B = e.dim(0), T = per_row ? e.dim(1) : 1, N = e.dim(-1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      if (per_row && !f.is_real(b, t)) continue;  // padding rows: meaningless by definition (model.h)
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t i = (b * T + t) * N + n;
+        const double ev = e.data<float>()[i], av = a.data<float>()[i];
+        d.max_abs = std::max(d.max_abs, std::fabs(av - ev));
+        d.scale = std::max(d.scale, std::fabs(ev));
+      }
+    }
+  return d;
+}
+
+// The fixture's loss recomputed from Tessera's outputs, in double.
+double loss_of(const GradFixture& f, const Outputs& out) {
+  auto cross_entropy = [](const float* z, int64_t V, int32_t target) {
+    double mx = z[0];
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+    return std::log(sum) + mx - z[target];
+  };
+  const Tensor logits = out.logits.defined() ? out.logits.contiguous() : Tensor();
+  switch (f.loss_kind) {
+    case GradFixture::Loss::tokens: {
+      const int64_t V = logits.dim(-1), N = logits.numel() / V;
+      double total = 0;
+      int64_t counted = 0;
+      for (int64_t i = 0; i < N; ++i) {
+        const int32_t y = f.targets.data<int32_t>()[i];
+        if (y < 0) continue;
+        total += cross_entropy(logits.data<float>() + i * V, V, y);
+        ++counted;
+      }
+      return total / static_cast<double>(std::max<int64_t>(counted, 1));
+    }
+    case GradFixture::Loss::labels: {
+      const int64_t B = logits.dim(0), K = logits.dim(1);
+      double total = 0;
+      for (int64_t b = 0; b < B; ++b) total += cross_entropy(logits.data<float>() + b * K, K, f.labels.data<int32_t>()[b]);
+      return total / static_cast<double>(B);
+    }
+    case GradFixture::Loss::probe: {
+      const Tensor h = out.hidden.contiguous();
+      double total = 0;
+      for (int64_t i = 0; i < h.numel(); ++i) total += static_cast<double>(f.probe.data<float>()[i]) * h.data<float>()[i];
+      return total;
+    }
+  }
+  return 0;
+}
+
+class GradFixturesCase : public ::testing::TestWithParam<std::string> {};
+
+// The files hold exactly what Tessera's parameter_specs asks for, and a gradient for each.
+TEST_P(GradFixturesCase, FilesHoldEveryParameterAndItsGradient) {
+  auto f = load_grad_fixture(GetParam());
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  auto w = safetensors::File::open(f->model.weights.file);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  std::set<std::string> in_file, specs;
+  for (const auto& info : w->tensors()) in_file.insert(info.name);
+  for (const ParamSpec& s : parameter_specs(f->model)) {
+    specs.insert(s.name);
+    const auto* info = w->find(s.name);
+    ASSERT_NE(info, nullptr) << s.name;
+    EXPECT_EQ(info->dtype_name, "F32") << s.name;
+    EXPECT_EQ(info->shape, s.shape) << s.name;
+    ASSERT_EQ(f->grads.count(s.name), 1u) << "no grad." << s.name;
+    EXPECT_EQ(f->grads.at(s.name).shape(), s.shape) << s.name;
+  }
+  EXPECT_EQ(in_file, specs);
+  const bool reads_rows = f->model.stem.kind != StemKind::tokens;
+  EXPECT_EQ(f->grads.count("rows"), reads_rows ? 1u : 0u);
+  if (reads_rows) {
+    EXPECT_EQ(f->grads.at("rows").shape(), f->batch.rows.shape());
+  }
+  EXPECT_EQ(f->grads.size(), specs.size() + (reads_rows ? 1 : 0)) << "grad.* entries that name no parameter";
+  EXPECT_TRUE(std::isfinite(f->loss));
+}
+
+// Tessera's forward — reference loops and fast path — gives PyTorch's hidden rows and logits on
+// every real row, and the loss computed from its outputs is PyTorch's.
+TEST_P(GradFixturesCase, ForwardMatchesTorch) {
+  auto f = load_grad_fixture(GetParam());
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  auto model = Model::build(f->model);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  for (bool reference : {true, false}) {
+    SCOPED_TRACE(reference ? "reference loops" : "fast path");
+    ForwardOptions opt;
+    opt.reference = reference;
+    Outputs out;
+    const Status st = model->forward(f->batch, opt, &out);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(out.hidden.shape(), f->hidden.shape());
+    const Diff h = compare_rows(out.hidden, f->hidden, *f);
+    EXPECT_LE(h.rel(), kRelTol) << "hidden: max |diff| " << h.max_abs << " at scale " << h.scale;
+    ASSERT_EQ(out.logits.defined(), f->logits.defined());
+    Diff l;
+    if (f->logits.defined()) {
+      ASSERT_EQ(out.logits.shape(), f->logits.shape());
+      l = compare_rows(out.logits, f->logits, *f);
+      EXPECT_LE(l.rel(), kRelTol) << "logits: max |diff| " << l.max_abs << " at scale " << l.scale;
+    }
+    const double loss = loss_of(*f, out);
+    EXPECT_NEAR(loss, f->loss, kRelTol * std::max(1.0, std::fabs(static_cast<double>(f->loss))));
+    std::printf("[ grad fixture ] %-18s %-9s hidden %.1e  logits %.1e  loss %.1e (relative)\n", f->name.c_str(),
+                reference ? "reference" : "fast", h.rel(), l.rel(),
+                std::fabs(loss - f->loss) / std::max(1.0, std::fabs(static_cast<double>(f->loss))));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GradFixtures, GradFixturesCase, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param; });
+
+// Every case in the folder is one of kCases, so that a new fixture cannot go untested.
+TEST(GradFixtures, EveryCaseIsTested) {
+  std::set<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator(kGradDir)) {
+    const std::string file = e.path().filename().string();
+    if (e.path().extension() == ".yaml") found.insert(file.substr(0, file.size() - 5));
+  }
+  EXPECT_EQ(found, std::set<std::string>(kCases.begin(), kCases.end()));
+}
+
+}  // namespace
