@@ -22,6 +22,7 @@
 #include "tessera/config.h"
 #include "tessera/model.h"
 #include "tessera/safetensors.h"
+#include "tessera/train.h"
 
 using namespace tessera;
 
@@ -249,6 +250,62 @@ TEST_P(GradFixturesCase, ForwardMatchesTorch) {
     std::printf("[ grad fixture ] %-18s %-9s hidden %.1e  logits %.1e  loss %.1e (relative)\n", f->name.c_str(),
                 reference ? "reference" : "fast", h.rel(), l.rel(),
                 std::fabs(loss - f->loss) / std::max(1.0, std::fabs(static_cast<double>(f->loss))));
+  }
+}
+
+// Tessera's backward — reference loops and fast path — gives autograd's gradient of every parameter
+// (and of the input feature rows), each within kGradTol of that gradient's own scale, and the loss.
+// A gradient that is zero in exact arithmetic (b_k without rotary: softmax ignores a constant
+// added to every score of a row) has no scale of its own: it is held to the case's largest
+// gradient instead.
+constexpr double kGradTol = 1e-4;
+
+TEST_P(GradFixturesCase, GradientsMatchAutograd) {
+  auto f = load_grad_fixture(GetParam());
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  auto resolved = Parameters::resolve(f->model);
+  ASSERT_TRUE(resolved.ok()) << resolved.status().message();
+  const Parameters params = resolved->clone();
+  Targets targets;
+  targets.tokens = f->targets;
+  targets.labels = f->labels;
+  targets.probe = f->probe;
+  double largest = 0;
+  for (const auto& [name, g] : f->grads)
+    for (float v : g.to_vector()) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+  for (bool reference : {true, false}) {
+    SCOPED_TRACE(reference ? "reference loops" : "fast path");
+    Parameters grads = params.zeros_like();
+    GradOptions opt;
+    opt.reference = reference;
+    Result<LossValue> r = compute_gradients(f->model, params, f->batch, targets, &grads, opt);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_NEAR(r->loss, f->loss, kRelTol * std::max(1.0, std::fabs(static_cast<double>(f->loss))));
+    double worst = 0;
+    std::string worst_name;
+    auto check = [&](const std::string& name, const Tensor& actual) {
+      const Tensor& expected = f->grads.at(name);
+      ASSERT_EQ(actual.shape(), expected.shape()) << name;
+      const std::vector<float> a = actual.to_vector(), e = expected.to_vector();
+      double diff = 0, scale = 0;
+      for (size_t i = 0; i < e.size(); ++i) {
+        diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - e[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(e[i])));
+      }
+      const double rel = diff / std::max(scale, 1e-3 * largest);
+      EXPECT_LE(rel, kGradTol) << "grad." << name << ": max |diff| " << diff << " at scale " << scale;
+      if (rel > worst) {
+        worst = rel;
+        worst_name = name;
+      }
+    };
+    for (const auto& [name, g] : grads) check(name, g);
+    if (f->grads.count("rows")) {
+      ASSERT_TRUE(r->d_rows.defined());
+      check("rows", r->d_rows);
+    }
+    std::printf("[ grad fixture ] %-18s %-9s gradients within %.1e (worst: %s)\n", f->name.c_str(),
+                reference ? "reference" : "fast", worst, worst_name.c_str());
   }
 }
 

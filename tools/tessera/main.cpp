@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   add_bench_command(app, &run);
   add_drift_command(app, &run);
   add_export_command(app, &run);
+  add_grad_command(app, &run);
   add_plugins_command(app, &run);
   add_tokenize_command(app, &run);
   add_schema_command(app, &run);

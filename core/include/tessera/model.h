@@ -144,6 +144,9 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg);
 // CLS row and the one after it). The model's own pooling and the batch runner's (packed sequences)
 // share it; Model::pool_head then applies the pooler and the normalisation.
 void pool_rows(const ModelConfig& cfg, const Tensor& h, const uint8_t* roles, float* out);
+// The same pooling as the rows it reads and their weights (pooling is a weighted sum of rows):
+// what the pooling's backward sends each row.
+std::vector<std::pair<int64_t, float>> pool_taps(const ModelConfig& cfg, int64_t n, const uint8_t* roles);
 
 // Checks the tensors that model.weights supplies (inline and the file's header) against the
 // parameters the config asks for: unexpected names, missing tensors (unless allow_missing),

@@ -345,4 +345,102 @@ Status attention_forward(const AttentionLayer& L, const Exec& ex, const Tensor& 
   return project_out(L, ex, concat, residual, y, cap, p);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Training
+
+namespace {
+
+// Adds the columns [c0, c0 + n) of src (rows, N) (or entries of a vector) to dst (rows, n).
+void add_columns(const Tensor& src, int64_t c0, Tensor& dst) {
+  const bool vec = src.rank() == 1;
+  const int64_t R = vec ? 1 : src.dim(0), N = src.dim(-1), n = dst.dim(-1);
+  const float* s = src.data<float>();
+  float* d = dst.data<float>();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < n; ++j) d[r * n + j] += s[r * N + c0 + j];
+}
+
+}  // namespace
+
+Status attention_forward_train(const AttentionLayer& L, const AttentionParams& w, const Exec& ex, const Tensor& x,
+                               const RowLayout& rows, Tensor& y, AttentionSaved* sv) {
+  const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
+  const int64_t H = L.n_heads, dk = L.d_k, dv = L.d_v;
+  if (L.positions.kind == PositionKind::relative)
+    return Status::Invalid("training: relative (Shaw) positions have no backward yet; use rotary or learned "
+                                 "positions");
+  sv->lo.clear();
+  sv->hi.clear();
+  if (!rows.plain && !key_ranges(rows, &sv->lo, &sv->hi))
+    return Status::Invalid("training: a batch whose sequences are not each one run of rows (padding between "
+                                 "real rows, or a sequence split by another)");
+  sv->x = x.reshape({B * T, C});
+  sv->qkv = Tensor::empty({B * T, w.w_qkv.dim(1)});
+  TSR_RETURN_IF_ERROR(ex.linear_plain(sv->x, w.w_qkv, w.b_qkv, sv->qkv));
+  Tensor q = head_view(sv->qkv, B, T, 0, H, dk);
+  Tensor k = head_view(sv->qkv, B, T, H * dk, H, dk);
+  Tensor v = head_view(sv->qkv, B, T, 2 * H * dk, H, dv);
+  if (L.positions.kind == PositionKind::rotary) {
+    const int32_t* positions = rows.plain ? nullptr : rows.pos.data();
+    apply_rotary(q, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style, 0, positions);
+    apply_rotary(k, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style, 0, positions);
+  }
+  sv->concat = Tensor::empty({B, T, H * dv});
+  Tensor heads = sv->concat.unflatten(2, H, dv).transpose(1, 2);
+  sv->lse = Tensor::empty({B, H, T});
+  TSR_RETURN_IF_ERROR(ex.attention_train(q, k, v, heads, sv->lse, L.scale, L.causal,
+                                         sv->lo.empty() ? nullptr : sv->lo.data(),
+                                         sv->hi.empty() ? nullptr : sv->hi.data()));
+  if (!w.w_o.defined()) {
+    y.copy_from(sv->concat);
+    return Status::Ok();
+  }
+  Tensor y2 = y.reshape({B * T, w.w_o.dim(1)});
+  return ex.linear_plain(sv->concat.reshape({B * T, H * dv}), w.w_o, w.b_o, y2);
+}
+
+Status attention_backward(const AttentionLayer& L, const AttentionParams& w, const Exec& ex, const AttentionSaved& sv,
+                          const RowLayout& rows, const Tensor& dy, Tensor& dx, Parameters& grads, const std::string& p) {
+  const int64_t B = dy.dim(0), T = dy.dim(1), C = sv.x.dim(1);
+  const int64_t H = L.n_heads, dk = L.d_k, dv = L.d_v;
+  // Through W_O: d concat = dy · W_Oᵀ.
+  Tensor dconcat = Tensor::empty({B * T, H * dv});
+  if (w.w_o.defined()) {
+    TSR_RETURN_IF_ERROR(ex.linear_backward(sv.concat.reshape({B * T, H * dv}), w.w_o, dy.reshape({B * T, w.w_o.dim(1)}),
+                                           &dconcat, grads.find(p + ".w_o"), grads.find(p + ".b_o")));
+  } else {
+    dconcat.copy_from(dy.reshape({B * T, H * dv}));
+  }
+  // Through the softmax-weighted sum, into one buffer laid out as the forward's [Q | K | V].
+  const int64_t N = sv.qkv.dim(1);
+  Tensor dqkv = Tensor::empty({B * T, N});
+  Tensor q = head_view(sv.qkv, B, T, 0, H, dk), k = head_view(sv.qkv, B, T, H * dk, H, dk);
+  Tensor v = head_view(sv.qkv, B, T, 2 * H * dk, H, dv);
+  Tensor dq = head_view(dqkv, B, T, 0, H, dk), dk_ = head_view(dqkv, B, T, H * dk, H, dk);
+  Tensor dv_ = head_view(dqkv, B, T, 2 * H * dk, H, dv);
+  const Tensor heads = sv.concat.unflatten(2, H, dv).transpose(1, 2);
+  const Tensor dheads = dconcat.reshape({B, T, H * dv}).unflatten(2, H, dv).transpose(1, 2);
+  TSR_RETURN_IF_ERROR(ex.attention_backward(q, k, v, heads, sv.lse, dheads, dq, dk_, dv_, L.scale, L.causal,
+                                            sv.lo.empty() ? nullptr : sv.lo.data(),
+                                            sv.hi.empty() ? nullptr : sv.hi.data()));
+  if (L.positions.kind == PositionKind::rotary) {  // back through the rotation: rotate the other way
+    const int32_t* positions = rows.plain ? nullptr : rows.pos.data();
+    apply_rotary(dq, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style, 0, positions, true);
+    apply_rotary(dk_, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style, 0, positions, true);
+  }
+  // Through the projections: dx = dQKV · [W_Q | W_K | W_V]ᵀ; the fused weights' gradient is split
+  // back into the parameters' own names.
+  Tensor dw = Tensor::zeros({C, N});
+  Tensor db = w.b_qkv.defined() ? Tensor::zeros({N}) : Tensor();
+  Tensor dx2 = dx.reshape({B * T, C});
+  TSR_RETURN_IF_ERROR(ex.linear_backward(sv.x, w.w_qkv, dqkv, &dx2, &dw, db.defined() ? &db : nullptr));
+  const char* names[3] = {"q", "k", "v"};
+  const int64_t c0[3] = {0, H * dk, 2 * H * dk};
+  for (int i = 0; i < 3; ++i) {
+    if (Tensor* g = grads.find(p + ".w_" + names[i])) add_columns(dw, c0[i], *g);
+    if (Tensor* g = grads.find(p + ".b_" + names[i]); g && db.defined()) add_columns(db, c0[i], *g);
+  }
+  return Status::Ok();
+}
+
 }  // namespace tessera::model

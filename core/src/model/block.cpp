@@ -71,4 +71,142 @@ Status block_forward(const ModelConfig& c, const Block& blk, const Exec& ex, con
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Training: the same equations, each step's input kept for the backward; nothing fused or in place.
+
+namespace {
+
+Tensor rows2(const Tensor& t) { return t.reshape({t.numel() / t.dim(-1), t.dim(-1)}); }
+
+// y = [x +] FFN(x) rows: a = x·W1 + b1, g = act(a), y = g·W2 + b2 (+ residual).
+Status ffn_train(const ModelConfig& c, const BlockParams& w, const Exec& ex, const Tensor& in, BlockSaved* s,
+                 Tensor& out) {
+  const int64_t M = in.numel() / c.d_model;
+  s->ffn_in = rows2(in);
+  s->a = Tensor::empty({M, c.d_ff});
+  s->g = Tensor::empty({M, c.d_ff});
+  TSR_RETURN_IF_ERROR(ex.linear_plain(s->ffn_in, w.w1, w.b1, s->a));
+  TSR_RETURN_IF_ERROR(ex.activation(c.activation, s->a, s->g));
+  Tensor o2 = rows2(out);
+  return ex.linear_plain(s->g, w.w2, w.b2, o2);
+}
+
+// dout -> din (written) through the FFN.
+Status ffn_backward(const ModelConfig& c, const BlockParams& w, const Exec& ex, const BlockSaved& s, const Tensor& dout,
+                    Tensor& din, Parameters& grads, const std::string& p) {
+  Tensor dg = Tensor::empty(s.g.shape());
+  TSR_RETURN_IF_ERROR(ex.linear_backward(s.g, w.w2, rows2(dout), &dg, grads.find(p + ".ffn.w2"), grads.find(p + ".ffn.b2")));
+  TSR_RETURN_IF_ERROR(ex.activation_backward(c.activation, s.a, dg, dg));
+  Tensor d2 = rows2(din);
+  return ex.linear_backward(s.ffn_in, w.w1, dg, &d2, grads.find(p + ".ffn.w1"), grads.find(p + ".ffn.b1"));
+}
+
+Status norm_train(const Exec& ex, const ModelConfig& c, const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y,
+                  Tensor* in, Tensor* mean, Tensor* rstd) {
+  *in = x;
+  *mean = Tensor::empty({x.numel() / x.dim(-1)});
+  *rstd = Tensor::empty({x.numel() / x.dim(-1)});
+  return ex.layer_norm_train(x, g, b, static_cast<float>(c.norm_eps), y, *mean, *rstd);
+}
+
+}  // namespace
+
+Status block_forward_train(const ModelConfig& c, const AttentionLayer& L, const BlockParams& w, const Exec& ex,
+                           const RowLayout& lay, const Tensor& x, Tensor& y, BlockSaved* s) {
+  const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
+  const int64_t width = w.attn.w_o.defined() ? w.attn.w_o.dim(1) : L.n_heads * L.d_v;
+  if (c.norm == NormPlacement::pre) {
+    // R = X + MultiHead(LN1(X));  Y = R + FFN(LN2(R))
+    Tensor h1 = Tensor::empty({B, T, C});
+    TSR_RETURN_IF_ERROR(norm_train(ex, c, x, w.ln1_g, w.ln1_b, h1, &s->ln1_in, &s->ln1_mean, &s->ln1_rstd));
+    Tensor u = Tensor::empty({B, T, width});
+    TSR_RETURN_IF_ERROR(attention_forward_train(L, w.attn, ex, h1, lay, u, &s->attn));
+    s->r = Tensor::empty({B, T, C});
+    TSR_RETURN_IF_ERROR(ex.add(x, u, s->r));
+    if (c.d_ff == 0) {
+      y = s->r;
+      return Status::Ok();
+    }
+    Tensor h2 = Tensor::empty({B, T, C});
+    TSR_RETURN_IF_ERROR(norm_train(ex, c, s->r, w.ln2_g, w.ln2_b, h2, &s->ln2_in, &s->ln2_mean, &s->ln2_rstd));
+    Tensor f = Tensor::empty({B, T, C});
+    TSR_RETURN_IF_ERROR(ffn_train(c, w, ex, h2, s, f));
+    y = Tensor::empty({B, T, C});
+    return ex.add(s->r, f, y);
+  }
+  // post-LN: R = LN1(X + MultiHead(X));  Y = LN2(R + FFN(R))   (norm none: no LN)
+  const bool post = c.norm == NormPlacement::post;
+  Tensor u = Tensor::empty({B, T, width});
+  TSR_RETURN_IF_ERROR(attention_forward_train(L, w.attn, ex, x, lay, u, &s->attn));
+  if (c.residual) TSR_RETURN_IF_ERROR(ex.add(u, x, u));
+  if (post) {
+    s->r = Tensor::empty({B, T, width});
+    TSR_RETURN_IF_ERROR(norm_train(ex, c, u, w.ln1_g, w.ln1_b, s->r, &s->ln1_in, &s->ln1_mean, &s->ln1_rstd));
+  } else {
+    s->r = u;
+  }
+  if (c.d_ff == 0) {
+    y = s->r;
+    return Status::Ok();
+  }
+  Tensor z = Tensor::empty({B, T, C});
+  TSR_RETURN_IF_ERROR(ffn_train(c, w, ex, s->r, s, z));
+  if (c.residual) TSR_RETURN_IF_ERROR(ex.add(z, s->r, z));
+  if (!post) {
+    y = z;
+    return Status::Ok();
+  }
+  y = Tensor::empty({B, T, C});
+  return norm_train(ex, c, z, w.ln2_g, w.ln2_b, y, &s->ln2_in, &s->ln2_mean, &s->ln2_rstd);
+}
+
+Status block_backward(const ModelConfig& c, const AttentionLayer& L, const BlockParams& w, const Exec& ex,
+                      const BlockSaved& s, const RowLayout& lay, const Tensor& dy, Tensor& dx, Parameters& grads,
+                      const std::string& p) {
+  const Shape xs = s.attn.x.shape();  // (B·T, C)
+  const int64_t B = dy.dim(0), T = dy.dim(1), C = xs[1];
+  auto norm_back = [&](const Tensor& in, const Tensor& mean, const Tensor& rstd, const Tensor& g, const Tensor& d,
+                       Tensor& out, const std::string& name) {
+    return ex.layer_norm_backward(in, g, mean, rstd, d, &out, grads.find(p + "." + name + ".gamma"),
+                                  grads.find(p + "." + name + ".beta"));
+  };
+  if (c.norm == NormPlacement::pre) {
+    // dR = dY + LN2ᵀ(FFNᵀ(dY));  dX = dR + LN1ᵀ(Attnᵀ(dR))
+    Tensor dr = dy.clone();
+    if (c.d_ff > 0) {
+      Tensor dh2 = Tensor::empty({B, T, C}), dn = Tensor::empty({B, T, C});
+      TSR_RETURN_IF_ERROR(ffn_backward(c, w, ex, s, dy, dh2, grads, p));
+      TSR_RETURN_IF_ERROR(norm_back(s.ln2_in, s.ln2_mean, s.ln2_rstd, w.ln2_g, dh2, dn, "ln2"));
+      TSR_RETURN_IF_ERROR(ex.add(dr, dn, dr));
+    }
+    Tensor dh1 = Tensor::empty({B, T, C}), dn = Tensor::empty({B, T, C});
+    TSR_RETURN_IF_ERROR(attention_backward(L, w.attn, ex, s.attn, lay, dr, dh1, grads, p + ".attn"));
+    TSR_RETURN_IF_ERROR(norm_back(s.ln1_in, s.ln1_mean, s.ln1_rstd, w.ln1_g, dh1, dn, "ln1"));
+    dx = Tensor::empty({B, T, C});
+    return ex.add(dr, dn, dx);
+  }
+  const bool post = c.norm == NormPlacement::post;
+  const int64_t width = s.r.dim(2);
+  Tensor dz = dy;
+  if (post && c.d_ff > 0) {
+    dz = Tensor::empty(dy.shape());
+    TSR_RETURN_IF_ERROR(norm_back(s.ln2_in, s.ln2_mean, s.ln2_rstd, w.ln2_g, dy, dz, "ln2"));
+  }
+  Tensor dr = dz;
+  if (c.d_ff > 0) {
+    dr = Tensor::empty({B, T, width});
+    TSR_RETURN_IF_ERROR(ffn_backward(c, w, ex, s, dz, dr, grads, p));
+    if (c.residual) TSR_RETURN_IF_ERROR(ex.add(dr, dz, dr));
+  }
+  Tensor du = dr;
+  if (post) {
+    du = Tensor::empty({B, T, width});
+    TSR_RETURN_IF_ERROR(norm_back(s.ln1_in, s.ln1_mean, s.ln1_rstd, w.ln1_g, dr, du, "ln1"));
+  }
+  dx = Tensor::empty({B, T, C});
+  TSR_RETURN_IF_ERROR(attention_backward(L, w.attn, ex, s.attn, lay, du, dx, grads, p + ".attn"));
+  if (c.residual) TSR_RETURN_IF_ERROR(ex.add(dx, du, dx));
+  return Status::Ok();
+}
+
 }  // namespace tessera::model

@@ -39,6 +39,50 @@ struct Exec {
   Status add(const Tensor& a, const Tensor& b, Tensor& y) const {
     return reference ? ref::add(a, b, y) : ops::add(a, b, y);
   }
+  Status activation(Activation act, const Tensor& x, Tensor& y) const {
+    return reference ? ref::activation(act, x, y) : ops::activation(act, x, y);
+  }
+
+  // Training: the forwards that keep what their backward needs, and the backwards (ops.h).
+  Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) const {
+    return reference ? ref::linear_plain(x, w, b, y) : ops::linear_plain(x, w, b, y);
+  }
+  Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                         Tensor* db) const {
+    return reference ? ref::linear_backward(x, w, dy, dx, dw, db) : ops::linear_backward(x, w, dy, dx, dw, db);
+  }
+  Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) const {
+    return reference ? ref::activation_backward(act, x, dy, dx) : ops::activation_backward(act, x, dy, dx);
+  }
+  Status layer_norm_train(const Tensor& x, const Tensor& g, const Tensor& b, float eps, Tensor& y, Tensor& mean,
+                          Tensor& rstd) const {
+    return reference ? ref::layer_norm_train(x, g, b, eps, y, mean, rstd)
+                     : ops::layer_norm_train(x, g, b, eps, y, mean, rstd);
+  }
+  Status layer_norm_backward(const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& dy, Tensor* dx, Tensor* dg, Tensor* db) const {
+    return reference ? ref::layer_norm_backward(x, g, mean, rstd, dy, dx, dg, db)
+                     : ops::layer_norm_backward(x, g, mean, rstd, dy, dx, dg, db);
+  }
+  Status softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) const {
+    return reference ? ref::softmax_backward(y, dy, dx) : ops::softmax_backward(y, dy, dx);
+  }
+  Status cross_entropy(const Tensor& logits, const Tensor& targets, float smoothing, double* loss_sum,
+                       int64_t* counted, Tensor* dlogits, float scale) const {
+    return reference ? ref::cross_entropy(logits, targets, smoothing, loss_sum, counted, dlogits, scale)
+                     : ops::cross_entropy(logits, targets, smoothing, loss_sum, counted, dlogits, scale);
+  }
+  Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
+                         bool causal, const int32_t* lo, const int32_t* hi) const {
+    return reference ? ref::attention_train(q, k, v, out, lse, scale, causal, lo, hi)
+                     : ops::attention_train(q, k, v, out, lse, scale, causal, lo, hi);
+  }
+  Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal,
+                            const int32_t* lo, const int32_t* hi) const {
+    return reference ? ref::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, lo, hi)
+                     : ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, lo, hi);
+  }
 };
 
 class Capture {

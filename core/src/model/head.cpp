@@ -8,42 +8,47 @@
 
 namespace tessera {
 
+std::vector<std::pair<int64_t, float>> pool_taps(const ModelConfig& c, int64_t n, const uint8_t* roles) {
+  std::vector<std::pair<int64_t, float>> taps;
+  if (n == 0) return taps;
+  int64_t cls = 0;  // the row whose role is CLS, or row 0 without roles
+  for (int64_t t = 0; roles && t < n; ++t)
+    if (roles[t] == TSR_ROLE_CLS) {
+      cls = t;
+      break;
+    }
+  switch (c.head.pool) {
+    case PoolKind::cls: taps.emplace_back(cls, 1.f); break;
+    case PoolKind::last: taps.emplace_back(n - 1, 1.f); break;
+    case PoolKind::cls_dist:  // the mean of the CLS and distillation rows (AST)
+      taps.emplace_back(cls, 0.5f);
+      taps.emplace_back(std::min(cls + 1, n - 1), 0.5f);
+      break;
+    case PoolKind::mean:
+      for (int64_t t = 0; t < n; ++t) taps.emplace_back(t, 1.f / static_cast<float>(n));
+      break;
+  }
+  return taps;
+}
+
 void pool_rows(const ModelConfig& c, const Tensor& h, const uint8_t* roles, float* d) {
   const int64_t n = h.dim(0), C = h.dim(1);
   const Tensor hc = h.contiguous();
   const float* x = hc.data<float>();
   std::fill(d, d + C, 0.f);
-  if (n > 0) {
-    switch (c.head.pool) {
-      case PoolKind::cls: {
-        int64_t row = 0;
-        for (int64_t t = 0; roles && t < n; ++t)
-          if (roles[t] == TSR_ROLE_CLS) {
-            row = t;
-            break;
-          }
-        std::copy(x + row * C, x + (row + 1) * C, d);
-        break;
-      }
-      case PoolKind::last: std::copy(x + (n - 1) * C, x + n * C, d); break;
-      case PoolKind::cls_dist: {  // the mean of the CLS and distillation rows (AST)
-        int64_t first = 0;
-        for (int64_t t = 0; roles && t < n; ++t)
-          if (roles[t] == TSR_ROLE_CLS) {
-            first = t;
-            break;
-          }
-        const int64_t second = std::min(first + 1, n - 1);
-        for (int64_t i = 0; i < C; ++i) d[i] = 0.5f * (x[first * C + i] + x[second * C + i]);
-        break;
-      }
-      case PoolKind::mean:
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t i = 0; i < C; ++i) d[i] += x[t * C + i];
-        for (int64_t i = 0; i < C; ++i) d[i] /= static_cast<float>(n);
-        break;
-    }
+  const auto taps = pool_taps(c, n, roles);
+  if (taps.size() == 1) {  // one row: copied exactly
+    std::copy(x + taps[0].first * C, x + (taps[0].first + 1) * C, d);
+    return;
   }
+  if (c.head.pool == PoolKind::mean) {  // summed, then divided: what the mean always computed
+    for (const auto& [t, w] : taps)
+      for (int64_t i = 0; i < C; ++i) d[i] += x[t * C + i];
+    for (int64_t i = 0; i < C; ++i) d[i] /= static_cast<float>(n);
+    return;
+  }
+  for (const auto& [t, w] : taps)
+    for (int64_t i = 0; i < C; ++i) d[i] += w * x[t * C + i];
 }
 
 Status Model::pool_head(Tensor& pooled, const ForwardOptions& opt) const {
@@ -157,5 +162,206 @@ Status Model::classify(const Tensor& pooled, Tensor* logits, Tensor* probs, cons
   *probs = Tensor::empty({N, c.head.n_classes});
   return ex.softmax(*logits, *probs);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Training
+
+namespace model {
+
+namespace {
+
+// Cross-entropy of logits (N, K) against targets (N), averaged over the counted rows; dlogits
+// gets the average's gradient.
+Status mean_cross_entropy(const Exec& ex, const Tensor& logits, const Tensor& targets, float smoothing, Tensor& dlogits,
+                          HeadLoss* loss) {
+  double sum = 0;
+  int64_t counted = 0;
+  TSR_RETURN_IF_ERROR(ex.cross_entropy(logits, targets, smoothing, &sum, &counted, nullptr, 1.f));
+  loss->counted = counted;
+  loss->loss = counted > 0 ? sum / static_cast<double>(counted) : 0.0;
+  if (counted == 0) {
+    std::fill(dlogits.data<float>(), dlogits.data<float>() + dlogits.numel(), 0.f);
+    return Status::Ok();
+  }
+  return ex.cross_entropy(logits, targets, smoothing, &sum, &counted, &dlogits,
+                          static_cast<float>(1.0 / static_cast<double>(counted)));
+}
+
+// rows (N, C) -> logits (N, V) through the LM head (with BERT/ESM's transform: dense, activation,
+// layer norm), the loss at `targets` (N), and the gradient at the rows.
+Status lm_head_train(const ModelConfig& c, const Parameters& P, const Exec& ex, const Tensor& rows,
+                     const Tensor& targets, float smoothing, Tensor& drows, Parameters& G, HeadLoss* loss,
+                     Tensor* logits_out) {
+  const int64_t N = rows.dim(0), C = rows.dim(1), V = c.stem.vocab_size;
+  const bool transform = P.find("head.transform.w") != nullptr;
+  Tensor t_pre, t_act, mean, rstd, in = rows;
+  if (transform) {
+    t_pre = Tensor::empty({N, C});
+    t_act = Tensor::empty({N, C});
+    in = Tensor::empty({N, C});
+    mean = Tensor::empty({N});
+    rstd = Tensor::empty({N});
+    TSR_RETURN_IF_ERROR(ex.linear_plain(rows, P.get("head.transform.w"), P.get("head.transform.b"), t_pre));
+    TSR_RETURN_IF_ERROR(ex.activation(c.activation, t_pre, t_act));
+    TSR_RETURN_IF_ERROR(ex.layer_norm_train(t_act, P.get("head.transform.gamma"), P.get("head.transform.beta"),
+                                            static_cast<float>(c.norm_eps), in, mean, rstd));
+  }
+  // Tied: the (C, V) transpose view of the (V, C) token table, and of its gradient.
+  const Tensor w = c.head.tied ? P.get("stem.embed").transpose(0, 1) : P.get("head.lm");
+  Tensor gw_view;
+  Tensor* gw = nullptr;
+  if (c.head.tied) {
+    if (Tensor* ge = G.find("stem.embed")) {
+      gw_view = ge->transpose(0, 1);
+      gw = &gw_view;
+    }
+  } else {
+    gw = G.find("head.lm");
+  }
+  Tensor logits = Tensor::empty({N, V});
+  TSR_RETURN_IF_ERROR(ex.linear_plain(in, w, P.get("head.lm_bias"), logits));
+  Tensor dlogits = Tensor::empty({N, V});
+  TSR_RETURN_IF_ERROR(mean_cross_entropy(ex, logits, targets, smoothing, dlogits, loss));
+  if (logits_out) *logits_out = logits;
+  Tensor din = transform ? Tensor::empty({N, C}) : drows;
+  TSR_RETURN_IF_ERROR(ex.linear_backward(in, w, dlogits, &din, gw, G.find("head.lm_bias")));
+  if (!transform) return Status::Ok();
+  Tensor dact = Tensor::empty({N, C});
+  TSR_RETURN_IF_ERROR(ex.layer_norm_backward(t_act, P.get("head.transform.gamma"), mean, rstd, din, &dact,
+                                             G.find("head.transform.gamma"), G.find("head.transform.beta")));
+  TSR_RETURN_IF_ERROR(ex.activation_backward(c.activation, t_pre, dact, dact));
+  return ex.linear_backward(rows, P.get("head.transform.w"), dact, &drows, G.find("head.transform.w"),
+                            G.find("head.transform.b"));
+}
+
+// pooled (N, C) -> [pooler, tanh] -> [L2 normalise] -> [layer norm] -> classifier logits, the loss
+// at labels (N), and the gradient at the pooled vectors (written into dpooled).
+Status classifier_train(const ModelConfig& c, const Parameters& P, const Exec& ex, const Tensor& pooled,
+                        const Tensor& labels, float smoothing, Tensor& dpooled, Parameters& G, HeadLoss* loss,
+                        Outputs* out) {
+  const int64_t N = pooled.dim(0), C = pooled.dim(1);
+  const bool pooler = P.find("head.pooler.w") != nullptr, norm = P.find("head.norm.gamma") != nullptr;
+  Tensor p1 = pooled, p2 = pooled;  // after the pooler (p2 = tanh(p1)); p3 after normalisation
+  if (pooler) {
+    p1 = Tensor::empty({N, C});
+    TSR_RETURN_IF_ERROR(ex.linear_plain(pooled, P.get("head.pooler.w"), P.get("head.pooler.b"), p1));
+    p2 = Tensor::empty({N, C});
+    for (int64_t i = 0; i < N * C; ++i) p2.data<float>()[i] = std::tanh(p1.data<float>()[i]);
+  }
+  Tensor p3 = p2;
+  std::vector<float> inv_norm(static_cast<size_t>(N), 1.f);
+  if (c.head.normalize) {
+    p3 = Tensor::empty({N, C});
+    for (int64_t r = 0; r < N; ++r) {
+      const float* a = p2.data<float>() + r * C;
+      double ss = 0;
+      for (int64_t i = 0; i < C; ++i) ss += static_cast<double>(a[i]) * a[i];
+      inv_norm[static_cast<size_t>(r)] = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
+      for (int64_t i = 0; i < C; ++i) p3.data<float>()[r * C + i] = a[i] * inv_norm[static_cast<size_t>(r)];
+    }
+  }
+  if (out) out->pooled = p3;
+  if (c.head.kind != HeadKind::classifier) return Status::Invalid("training: labels need a classifier head");
+  Tensor in = p3, mean, rstd;
+  if (norm) {
+    in = Tensor::empty({N, C});
+    mean = Tensor::empty({N});
+    rstd = Tensor::empty({N});
+    TSR_RETURN_IF_ERROR(ex.layer_norm_train(p3, P.get("head.norm.gamma"), P.get("head.norm.beta"),
+                                            static_cast<float>(c.norm_eps), in, mean, rstd));
+  }
+  Tensor logits = Tensor::empty({N, c.head.n_classes}), dlogits = Tensor::empty({N, c.head.n_classes});
+  TSR_RETURN_IF_ERROR(ex.linear_plain(in, P.get("head.w"), P.get("head.b"), logits));
+  TSR_RETURN_IF_ERROR(mean_cross_entropy(ex, logits, labels, smoothing, dlogits, loss));
+  if (out) out->logits = logits;
+  Tensor d = Tensor::empty({N, C});
+  TSR_RETURN_IF_ERROR(ex.linear_backward(in, P.get("head.w"), dlogits, &d, G.find("head.w"), G.find("head.b")));
+  if (norm) {
+    Tensor dn = Tensor::empty({N, C});
+    TSR_RETURN_IF_ERROR(ex.layer_norm_backward(p3, P.get("head.norm.gamma"), mean, rstd, d, &dn,
+                                               G.find("head.norm.gamma"), G.find("head.norm.beta")));
+    d = dn;
+  }
+  if (c.head.normalize)  // y = a / |a|:  da = (dy - y (y · dy)) / |a|
+    for (int64_t r = 0; r < N; ++r) {
+      const float* y = p3.data<float>() + r * C;
+      float* g = d.data<float>() + r * C;
+      double dot = 0;
+      for (int64_t i = 0; i < C; ++i) dot += static_cast<double>(y[i]) * g[i];
+      for (int64_t i = 0; i < C; ++i)
+        g[i] = (g[i] - y[i] * static_cast<float>(dot)) * inv_norm[static_cast<size_t>(r)];
+    }
+  if (!pooler) {
+    dpooled.copy_from(d);
+    return Status::Ok();
+  }
+  for (int64_t i = 0; i < N * C; ++i) {  // tanh' = 1 - tanh²
+    const float t = p2.data<float>()[i];
+    d.data<float>()[i] *= 1.f - t * t;
+  }
+  return ex.linear_backward(pooled, P.get("head.pooler.w"), d, &dpooled, G.find("head.pooler.w"),
+                            G.find("head.pooler.b"));
+}
+
+}  // namespace
+
+Status head_train(const ModelConfig& c, const Parameters& P, const Exec& ex, const Batch& batch, const RowLayout& lay,
+                  int64_t extra, const Tensor& x, const Targets& targets, Tensor& dx, Parameters& G, HeadLoss* loss,
+                  Outputs* out) {
+  const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2), T_in = batch.seq_len();
+  std::fill(dx.data<float>(), dx.data<float>() + dx.numel(), 0.f);
+  if (targets.probe.defined()) {  // loss = Σ probe ⊙ x:  dx = probe
+    if (targets.probe.shape() != x.shape())
+      return Status::Invalid("training: the probe is " + targets.probe.shape().str() + " but the final rows are " +
+                             x.shape().str());
+    const Tensor pr = targets.probe.contiguous();
+    double sum = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) sum += static_cast<double>(pr.data<float>()[i]) * x.data<float>()[i];
+    dx.copy_from(pr);
+    loss->loss = sum;
+    loss->counted = B;
+    return Status::Ok();
+  }
+  if (targets.tokens.defined()) {
+    if (c.head.kind != HeadKind::lm) return Status::Invalid("training: token targets need an LM head (head.kind lm)");
+    if (targets.tokens.rank() != 2 || targets.tokens.dim(0) != B || targets.tokens.dim(1) != T)
+      return Status::Invalid("training: token targets must be (" + std::to_string(B) + ", " + std::to_string(T) +
+                             ") i32, got " + targets.tokens.describe());
+    Tensor d2 = dx.reshape({B * T, C}), logits;
+    TSR_RETURN_IF_ERROR(lm_head_train(c, P, ex, x.reshape({B * T, C}), targets.tokens.contiguous().reshape({B * T}),
+                                      targets.label_smoothing, d2, G, loss, out ? &logits : nullptr));
+    if (out) out->logits = logits.reshape({B, T, c.stem.vocab_size});
+    return Status::Ok();
+  }
+  if (!targets.labels.defined()) return Status::Invalid("training: no targets (tokens, labels or probe)");
+  if (c.head.kind != HeadKind::classifier) return Status::Invalid("training: labels need a classifier head");
+  if (batch.segments.defined())
+    return Status::Invalid("training: a classifier trains on one sequence per batch row (no packing)");
+  if (targets.labels.rank() != 1 || targets.labels.dim(0) != B)
+    return Status::Invalid("training: labels must be (" + std::to_string(B) + ") i32, got " + targets.labels.describe());
+  // Pool each item's rows: a weighted sum of rows, so its backward sends each row its weight's share.
+  const Tensor roles = batch.roles.defined() ? batch.roles.contiguous() : Tensor();
+  std::vector<std::vector<std::pair<int64_t, float>>> taps(static_cast<size_t>(B));
+  Tensor pooled = Tensor::zeros({B, C});
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t> r = rows_of(lay, b, 0);
+    const int64_t first = r.empty() ? 0 : r.front();
+    const uint8_t* rl = roles.defined() && !extra ? roles.data<uint8_t>() + b * T_in + first : nullptr;
+    const Tensor hb = x.select(0, b).slice(0, first, first + static_cast<int64_t>(r.size()));
+    pool_rows(c, hb, rl, pooled.data<float>() + b * C);
+    taps[static_cast<size_t>(b)] = pool_taps(c, static_cast<int64_t>(r.size()), rl);
+    for (auto& t : taps[static_cast<size_t>(b)]) t.first += b * T + first;
+  }
+  Tensor dpooled = Tensor::empty({B, C});
+  TSR_RETURN_IF_ERROR(classifier_train(c, P, ex, pooled, targets.labels.contiguous(), targets.label_smoothing,
+                                       dpooled, G, loss, out));
+  float* d = dx.data<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (const auto& [row, wgt] : taps[static_cast<size_t>(b)])
+      for (int64_t i = 0; i < C; ++i) d[row * C + i] += wgt * dpooled.data<float>()[b * C + i];
+  return Status::Ok();
+}
+
+}  // namespace model
 
 }  // namespace tessera

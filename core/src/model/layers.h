@@ -8,6 +8,7 @@
 
 #include "exec.h"
 #include "tessera/config.h"
+#include "tessera/parameters.h"
 
 namespace tessera::model {
 
@@ -34,9 +35,10 @@ struct RowLayout {
 // Rotates the first `dims` entries of every row of x (B, H, T, D) (any strides, f32) in place by
 // the angle p · base^(-2i/dims) of its position p (Su et al. 2021): p = positions[b·T + t] when
 // given, else pos0 + t. `half` pairs entry i with i + dims/2 (GPT-NeoX, ESM-2, LLaMA);
-// `interleaved` pairs 2i with 2i + 1 (GPT-J).
+// `interleaved` pairs 2i with 2i + 1 (GPT-J). `inverse` rotates by the opposite angle: a rotation's
+// inverse is its transpose, so that is also its backward (the gradient at the unrotated rows).
 void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64_t pos0 = 0,
-                  const int32_t* positions = nullptr);
+                  const int32_t* positions = nullptr, bool inverse = false);
 
 // Shaw et al. 2018: the embedding index of the offset j - i (positions), clipped to [-k, k],
 // shifted to [0, 2k].
@@ -80,5 +82,32 @@ struct CacheView {
 Status attention_forward(const AttentionLayer& layer, const Exec& ex, const Tensor& x, const RowLayout& rows,
                          const Tensor* residual, Tensor& y, const Capture& cap, const std::string& prefix,
                          const CacheView* cache = nullptr);
+
+// ---- Training: the same layer with what its backward needs kept, and the backward beside it ----
+
+// The attention's weights as plain f32 tensors (training updates them every step, so nothing is
+// packed): [W_Q | W_K | W_V] side by side (C, H·(2dk + dv)) and their biases, W_O and b_O.
+struct AttentionParams {
+  Tensor w_qkv, b_qkv, w_o, b_o;
+};
+
+// What attention_backward needs from attention_forward_train.
+struct AttentionSaved {
+  Tensor x;       // (B·T, C) the rows the attention read
+  Tensor qkv;     // (B·T, H·(2dk + dv)) Q and K (rotated) and V
+  Tensor concat;  // (B, T, H·dv) the heads' outputs side by side
+  Tensor lse;     // (B, H, T) each query row's log-sum-exp of its scores
+  std::vector<int32_t> lo, hi;  // each row's run of usable keys (empty: all of them)
+};
+
+// y (B, T, C_out) = concat_h softmax(mask(scale · Q_h K_hᵀ)) V_h · W_O + b_O (no residual: the block
+// adds it), keeping what the backward needs in *saved.
+Status attention_forward_train(const AttentionLayer& L, const AttentionParams& w, const Exec& ex, const Tensor& x,
+                               const RowLayout& rows, Tensor& y, AttentionSaved* saved);
+// dy (B, T, C_out) -> dx (B, T, C), written; the weights' gradients are added to grads under
+// p + ".w_q", ".b_q", ... (p: "blocks.3.attn").
+Status attention_backward(const AttentionLayer& L, const AttentionParams& w, const Exec& ex,
+                          const AttentionSaved& saved, const RowLayout& rows, const Tensor& dy, Tensor& dx,
+                          Parameters& grads, const std::string& p);
 
 }  // namespace tessera::model

@@ -28,9 +28,8 @@ Batch Batch::from_rows(const Tensor& rows) {
 int64_t Batch::batch_size() const { return ids.defined() ? ids.dim(0) : rows.defined() ? rows.dim(0) : 0; }
 int64_t Batch::seq_len() const { return ids.defined() ? ids.dim(1) : rows.defined() ? rows.dim(1) : 0; }
 
-namespace {
+namespace model {
 
-// Concatenates (rows, n_i) matrices (or (n_i) vectors) along their last axis.
 Tensor concat_last(const std::vector<Tensor>& parts) {
   int64_t n = 0;
   for (const auto& p : parts) n += p.dim(-1);
@@ -52,6 +51,10 @@ Tensor concat_last(const std::vector<Tensor>& parts) {
   }
   return out;
 }
+
+}  // namespace model
+
+namespace {
 
 Status check_model_config(const ModelConfig& c) {
   auto bad = [](const std::string& m) { return Status::Invalid("model config: " + m); };
@@ -126,8 +129,8 @@ Result<Model> Model::build(const ModelConfig& cfg, const Parameters& params) {
     a.scale = static_cast<float>(cfg.attention.scale);
     a.causal = cfg.causal;
     a.positions = cfg.positions;
-    const Tensor wqkv = concat_last({P(b + "attn.w_q"), P(b + "attn.w_k"), P(b + "attn.w_v")});
-    const Tensor bqkv = cfg.bias ? concat_last({F(b + "attn.b_q"), F(b + "attn.b_k"), F(b + "attn.b_v")}) : Tensor();
+    const Tensor wqkv = model::concat_last({P(b + "attn.w_q"), P(b + "attn.w_k"), P(b + "attn.w_v")});
+    const Tensor bqkv = cfg.bias ? model::concat_last({F(b + "attn.b_q"), F(b + "attn.b_k"), F(b + "attn.b_v")}) : Tensor();
     auto qkv = Linear::create(wqkv, bqkv, Activation::none, dt);
     if (!qkv.ok()) return qkv.status().with_prefix(b + "attn.qkv");
     a.qkv = std::move(qkv).value();
@@ -227,7 +230,9 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   out->hidden = Tensor();
   Tensor x = Arena::get(ArenaSlot::stream, {B, T, C});
   Tensor h = Arena::get(ArenaSlot::normed, {B, T, C});
-  TSR_RETURN_IF_ERROR(model::stem_forward(c, L, ex, batch, lay, extra, x, h));
+  model::StemWeights sw{L.embed, L.type_embed, L.cls, L.dist, L.modality, L.pos, L.stem_g, L.stem_b, {}, {}, {}};
+  sw.project = [&](const Tensor& in, Tensor& y) { return ex.linear(L.stem_proj, in, y); };
+  TSR_RETURN_IF_ERROR(model::stem_forward(c, sw, ex, batch, lay, extra, x, h));
   cap.put("stem.out", x);
   for (size_t l = 0; l < L.blocks.size(); ++l)
     TSR_RETURN_IF_ERROR(model::block_forward(c, L.blocks[l], ex, lay, x, h, cap, "blocks." + std::to_string(l),

@@ -19,7 +19,8 @@ Tensor sinusoidal_table(int64_t T, int64_t C, double base) {
   return pe;
 }
 
-void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64_t pos0, const int32_t* positions) {
+void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64_t pos0, const int32_t* positions,
+                  bool inverse) {
   const int64_t B = x.dim(0), H = x.dim(1), T = x.dim(2);
   const int64_t half = dims / 2;
   // Angles depend on (position, pair) only: compute them once for every position in use.
@@ -33,7 +34,7 @@ void apply_rotary(Tensor& x, int64_t dims, double base, RotaryStyle style, int64
     for (int64_t p = 0; p < P; ++p) {
       const double a = static_cast<double>(p) * inv_freq;
       cos_t[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-      sin_t[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      sin_t[static_cast<size_t>(p * half + i)] = static_cast<float>(inverse ? -std::sin(a) : std::sin(a));
     }
   }
   float* base_ptr = x.data<float>();

@@ -1,0 +1,146 @@
+// One training step's arithmetic: the forward pass on plain f32 parameters keeping what each
+// layer's backward needs, the loss, and the backward pass through the same parts in reverse order
+// (head, final norm, blocks from last to first, stem). The layers' own forwards and backwards sit
+// side by side in stem.cpp, block.cpp, attention.cpp and head.cpp.
+#include <cstring>
+
+#include "assembly.h"
+#include "tessera/train.h"
+
+namespace tessera {
+
+Tensor next_token_targets(const Batch& batch) {
+  const int64_t B = batch.ids.dim(0), T = batch.ids.dim(1);
+  const Tensor ids = batch.ids.contiguous();
+  const Tensor seg = batch.segments.defined() ? batch.segments.contiguous() : Tensor();
+  auto sequence = [&](int64_t b, int64_t t) -> int32_t {
+    if (seg.defined()) return seg.data<int32_t>()[b * T + t];
+    return !batch.lengths.empty() && t >= batch.lengths[static_cast<size_t>(b)] ? -1 : 0;
+  };
+  Tensor out = Tensor::empty({B, T}, DType::i32);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t s = sequence(b, t);
+      const bool next = s >= 0 && t + 1 < T && sequence(b, t + 1) == s;
+      out.data<int32_t>()[b * T + t] = next ? ids.data<int32_t>()[b * T + t + 1] : -1;
+    }
+  return out;
+}
+
+namespace {
+
+Status check_f32(const Parameters& ps, const char* what) {
+  for (const auto& [name, t] : ps)
+    if (t.dtype() != DType::f32 || !t.is_contiguous())
+      return Status::Invalid(std::string("training: ") + what + " \"" + name + "\" is " + t.describe() +
+                             "; training needs contiguous f32 tensors (Parameters::clone makes them)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, const Batch& batch,
+                                    const Targets& targets, Parameters* grads, const GradOptions& opt) {
+  TSR_RETURN_IF_ERROR(P.check(c));
+  TSR_RETURN_IF_ERROR(check_f32(P, "parameter"));
+  if (!grads) return Status::Invalid("training: no gradients to add to");
+  Parameters& G = *grads;
+  for (const auto& [name, t] : P) {
+    const Tensor* g = G.find(name);
+    if (!g || g->shape() != t.shape())
+      return Status::Invalid("training: the gradients lack \"" + name + "\" " + t.shape().str() +
+                             " (make them with Parameters::zeros_like)");
+  }
+  TSR_RETURN_IF_ERROR(check_f32(G, "gradient"));
+  TSR_RETURN_IF_ERROR(model::check_batch(c, batch));
+  const int64_t extra = model::prepended_rows(c, batch);
+  if (extra && (batch.segments.defined() || batch.positions.defined() || batch.kinds.defined()))
+    return Status::Invalid("forward: packed or explicitly positioned rows must say where the CLS row is (give roles)");
+  model::RowLayout lay;
+  TSR_RETURN_IF_ERROR(model::row_layout(c, batch, extra, {}, &lay));
+  const model::Exec ex{opt.reference};
+  const int64_t B = batch.batch_size(), T = batch.seq_len() + extra, C = c.d_model;
+
+  // Forward, keeping what each part's backward needs.
+  model::StemWeights sw{P.get("stem.embed"), P.get("stem.type_embed"), P.get("stem.cls"), P.get("stem.dist"),
+                        P.get("stem.modality"), P.get("pos.table"), P.get("stem.norm.gamma"), P.get("stem.norm.beta"),
+                        P.get("stem.proj"), P.get("stem.proj_bias"), {}};
+  if (c.positions.kind == PositionKind::sinusoidal)
+    sw.pos = model::sinusoidal_table(c.positions.max_len, C, c.positions.base);
+  sw.project = [&](const Tensor& in, Tensor& y) { return ex.linear_plain(in, sw.proj_w, sw.proj_b, y); };
+  Tensor x = Tensor::empty({B, T, C}), h = Tensor::empty({B, T, C});
+  model::StemSaved stem;
+  TSR_RETURN_IF_ERROR(model::stem_forward(c, sw, ex, batch, lay, extra, x, h, &stem));
+
+  model::AttentionLayer meta;
+  meta.n_heads = c.n_heads;
+  meta.d_k = c.d_k;
+  meta.d_v = c.d_v;
+  meta.scale = static_cast<float>(c.attention.scale);
+  meta.causal = c.causal;
+  meta.positions = c.positions;
+  std::vector<model::BlockParams> bp(static_cast<size_t>(c.n_layers));
+  std::vector<model::BlockSaved> saved(static_cast<size_t>(c.n_layers));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blocks." + std::to_string(l) + ".";
+    model::BlockParams& w = bp[static_cast<size_t>(l)];
+    w.attn.w_qkv = model::concat_last({P.get(p + "attn.w_q"), P.get(p + "attn.w_k"), P.get(p + "attn.w_v")});
+    if (c.bias) w.attn.b_qkv = model::concat_last({P.get(p + "attn.b_q"), P.get(p + "attn.b_k"), P.get(p + "attn.b_v")});
+    w.attn.w_o = P.get(p + "attn.w_o");
+    w.attn.b_o = P.get(p + "attn.b_o");
+    w.ln1_g = P.get(p + "ln1.gamma");
+    w.ln1_b = P.get(p + "ln1.beta");
+    w.ln2_g = P.get(p + "ln2.gamma");
+    w.ln2_b = P.get(p + "ln2.beta");
+    w.w1 = P.get(p + "ffn.w1");
+    w.b1 = P.get(p + "ffn.b1");
+    w.w2 = P.get(p + "ffn.w2");
+    w.b2 = P.get(p + "ffn.b2");
+    Tensor y;
+    TSR_RETURN_IF_ERROR(model::block_forward_train(c, meta, w, ex, lay, x, y, &saved[static_cast<size_t>(l)]));
+    x = y;
+  }
+  Tensor final_in, final_mean, final_rstd;
+  if (c.final_norm) {
+    final_in = x;
+    final_mean = Tensor::empty({B * T});
+    final_rstd = Tensor::empty({B * T});
+    Tensor y = Tensor::empty(x.shape());
+    TSR_RETURN_IF_ERROR(ex.layer_norm_train(x, P.get("final_norm.gamma"), P.get("final_norm.beta"),
+                                            static_cast<float>(c.norm_eps), y, final_mean, final_rstd));
+    x = y;
+  }
+
+  // The loss, and backward in reverse.
+  LossValue result;
+  result.outputs.hidden = x;
+  model::HeadLoss hl;
+  Tensor dx = Tensor::empty(x.shape());
+  TSR_RETURN_IF_ERROR(model::head_train(c, P, ex, batch, lay, extra, x, targets, dx, G, &hl, &result.outputs));
+  result.loss = hl.loss;
+  result.counted = hl.counted;
+  if (c.final_norm) {
+    Tensor d = Tensor::empty(dx.shape());
+    TSR_RETURN_IF_ERROR(ex.layer_norm_backward(final_in, P.get("final_norm.gamma"), final_mean, final_rstd, dx, &d,
+                                               G.find("final_norm.gamma"), G.find("final_norm.beta")));
+    dx = d;
+  }
+  for (int64_t l = c.n_layers - 1; l >= 0; --l) {
+    Tensor d;
+    TSR_RETURN_IF_ERROR(model::block_backward(c, meta, bp[static_cast<size_t>(l)], ex, saved[static_cast<size_t>(l)],
+                                              lay, dx, d, G, "blocks." + std::to_string(l)));
+    dx = d;
+    saved[static_cast<size_t>(l)] = model::BlockSaved();  // its activations are no longer needed
+  }
+  Tensor d_rows;
+  const bool want_rows = c.stem.kind != StemKind::tokens;
+  TSR_RETURN_IF_ERROR(model::stem_backward(c, sw, ex, stem, lay, dx, G, want_rows ? &d_rows : nullptr,
+                                           B * batch.seq_len()));
+  if (want_rows && d_rows.defined()) {
+    const int64_t F = d_rows.dim(1);
+    result.d_rows = d_rows.reshape({B, batch.seq_len(), F});
+  }
+  return result;
+}
+
+}  // namespace tessera

@@ -1,0 +1,120 @@
+// `tessera grad`: one batch's loss and the gradient of every parameter, written to a safetensors
+// file under the parameters' own names, so that anyone can hold Tessera's gradients against their
+// own reference (PyTorch autograd, finite differences).
+//
+// The loss follows the model's head: an LM head takes next-token cross-entropy over the input ids;
+// a classifier takes cross-entropy against --label; a model without either takes the sum of its
+// final rows (every entry's gradient is then d(Σ hidden)/dθ).
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "common.h"
+#include "tessera/safetensors.h"
+#include "tessera/train.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct GradArgs {
+  std::string file, ids, rows, out_dir = "tessera-grad";
+  std::vector<std::string> overrides;
+  int label = -1;
+  float label_smoothing = 0.f;
+  bool reference = false;
+};
+
+int run_grad(const GradArgs& a) {
+  std::optional<Experiment> exp = load(a.file, a.overrides);
+  if (!exp) return kExitBadInput;
+  const ModelConfig& c = exp->model;
+  std::optional<Batch> batch = input_batch(*exp, a.ids, a.rows);
+  if (!batch) return kExitBadInput;
+  Result<Parameters> resolved = Parameters::resolve(c);
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "tessera grad: %s\n", resolved.status().message().c_str());
+    return kExitBadInput;
+  }
+  const Parameters params = resolved->clone();
+  Targets targets;
+  targets.label_smoothing = a.label_smoothing;
+  const char* loss_name = "";
+  if (c.head.kind == HeadKind::lm) {
+    targets.tokens = next_token_targets(*batch);
+    loss_name = "next-token cross-entropy";
+  } else if (c.head.kind == HeadKind::classifier) {
+    if (a.label < 0 || a.label >= c.head.n_classes) {
+      std::fprintf(stderr, "tessera grad: the model is a classifier of %lld classes: give the item's class with "
+                           "--label N (0 <= N < %lld)\n",
+                   static_cast<long long>(c.head.n_classes), static_cast<long long>(c.head.n_classes));
+      return kExitBadInput;
+    }
+    targets.labels = Tensor::from_ids({batch->batch_size()}, std::vector<int32_t>(static_cast<size_t>(batch->batch_size()), a.label));
+    loss_name = "cross-entropy against --label";
+  } else {
+    Result<Model> m = Model::build(c, params);
+    if (!m.ok()) {
+      std::fprintf(stderr, "tessera grad: %s\n", m.status().message().c_str());
+      return kExitBadInput;
+    }
+    targets.probe = Tensor::full({batch->batch_size(), m->rows_for(batch->seq_len()), c.d_model}, 1.f);
+    loss_name = "sum of the final rows";
+  }
+  Parameters grads = params.zeros_like();
+  GradOptions opt;
+  opt.reference = a.reference || exp->runtime.reference;
+  Result<LossValue> r = compute_gradients(c, params, *batch, targets, &grads, opt);
+  if (!r.ok()) {
+    std::fprintf(stderr, "tessera grad: %s\n", r.status().message().c_str());
+    return kExitFailure;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(a.out_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "tessera grad: cannot create %s: %s\n", a.out_dir.c_str(), ec.message().c_str());
+    return kExitFailure;
+  }
+  std::vector<std::pair<std::string, Tensor>> tensors(grads.begin(), grads.end());
+  tensors.emplace_back("loss", Tensor::full({1}, static_cast<float>(r->loss)));
+  if (r->d_rows.defined()) tensors.emplace_back("input.rows", r->d_rows);
+  const std::string path = (std::filesystem::path(a.out_dir) / "grad.safetensors").string();
+  if (Status st = safetensors::write(path, tensors); !st.ok()) {
+    std::fprintf(stderr, "tessera grad: %s\n", st.message().c_str());
+    return kExitFailure;
+  }
+  std::printf("loss %s (%s, over %lld %s)\n", fmt(r->loss, 6, false).c_str(), loss_name,
+              static_cast<long long>(r->counted), c.head.kind == HeadKind::lm ? "rows" : "items");
+  std::vector<std::vector<std::string>> rows{{"parameter", "shape", "|grad|"}};
+  double total = 0;
+  for (const auto& [name, g] : grads) {
+    double ss = 0;
+    for (float v : g.to_vector()) ss += static_cast<double>(v) * v;
+    total += ss;
+    rows.push_back({name, g.shape().str(), fmt(std::sqrt(ss), 6, false)});
+  }
+  std::printf("%s", table(rows, 2).c_str());
+  std::printf("global gradient norm %s\nwrote %s (every parameter's gradient under its own name, and \"loss\")\n",
+              fmt(std::sqrt(total), 6, false).c_str(), path.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_grad_command(CLI::App& app, std::function<int()>* run) {
+  auto args = std::make_shared<GradArgs>();
+  CLI::App* cmd = app.add_subcommand("grad", "One batch's loss and every parameter's gradient, as safetensors");
+  cmd->add_option("file", args->file, "experiment YAML")->required();
+  cmd->add_option("--ids", args->ids, "token ids, comma-separated (default: the experiment's input)");
+  cmd->add_option("--rows", args->rows, "feature rows, .npy of (T, F) or (B, T, F)");
+  cmd->add_option("--label", args->label, "the item's class, for a classifier");
+  cmd->add_option("--label-smoothing", args->label_smoothing, "label smoothing in [0, 1)")->check(CLI::Range(0.0, 0.999));
+  cmd->add_option("--out", args->out_dir, "output folder (grad.safetensors)")->capture_default_str();
+  cmd->add_flag("--reference", args->reference, "run the plain reference loops instead of oneDNN");
+  cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
+  cmd->callback([args, run] { *run = [args] { return run_grad(*args); }; });
+}
+
+}  // namespace tessera::cli
