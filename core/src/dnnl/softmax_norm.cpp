@@ -23,12 +23,7 @@ struct Rows {
 };
 Rows dense_rows(const Tensor& x, Tensor& y) {
   Rows r;
-  const bool x_ok = onednn::is_dense_f32(x) && (onednn::same_view(x, y) || !onednn::overlaps(x, y));
-  r.in = x;
-  if (!x_ok) {
-    r.in = onednn::scratch_tensor(onednn::Slot::a, x.shape(), DType::f32);
-    onednn::convert(x, r.in);
-  }
+  r.in = onednn::dense_input(x, y, onednn::Slot::a);
   r.out = y;
   if (!onednn::is_dense_f32(y)) {
     r.out = onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
@@ -113,13 +108,7 @@ Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     const memory::dims dims = rows_dims(x);
     const int64_t C = dims[1];
     // scale and shift: (C) f32, converted when bf16 or strided (C values, cheap)
-    auto channel = [&](const Tensor& t, onednn::Slot slot) {
-      if (t.dtype() == DType::f32 && (C == 1 || t.stride(0) == 1)) return t;
-      Tensor f = onednn::scratch_tensor(slot, {C}, DType::f32);
-      onednn::convert(t, f);
-      return f;
-    };
-    const Tensor g = channel(gamma, onednn::Slot::b), b = channel(beta, onednn::Slot::c);
+    const Tensor g = onednn::dense_f32(gamma, onednn::Slot::b), b = onednn::dense_f32(beta, onednn::Slot::c);
 
     // Constant rows (every entry the same finite value: padding, blank patches) normalise to
     // exactly beta. oneDNN's f32 statistics may leave a rounding error in x - mean there, which
