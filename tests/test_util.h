@@ -63,6 +63,12 @@ inline double max_rel_error(const Tensor& got, const Tensor& want) {
   return scale > 0.0 ? diff / scale : diff;
 }
 
+// st.ok(), or a failure that shows st's message.
+inline ::testing::AssertionResult IsOk(const Status& st) {
+  if (st.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << code_name(st.code()) << ": " << st.message();
+}
+
 // Both refuse, with the same code and the same message once the op's own name is cut off
 // ("ops::softmax: x is undefined" vs "ref::softmax: x is undefined").
 inline ::testing::AssertionResult SameRefusal(const Status& fast, const Status& ref) {
