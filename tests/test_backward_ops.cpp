@@ -10,11 +10,13 @@
 // (test_attention) and whole layers against PyTorch autograd (the parity fixtures).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dnnl/engine.h"  // core/src: the primitive cache's counters
@@ -30,7 +32,7 @@ using testing_util::values_of;
 
 namespace {
 
-constexpr double kFdTol = 1e-7;  // f64 reference vs finite differences, relative
+constexpr double kFdTol = 1e-7;    // f64 reference vs finite differences, relative
 constexpr double kFastTol = 1e-5;  // f32 fast path vs f32 reference, relative
 constexpr float kInf = std::numeric_limits<float>::infinity();
 const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu_erf, Activation::gelu_tanh};
@@ -72,7 +74,9 @@ Tensor transposed_copy(const Tensor& t) {
   return view;
 }
 
-bool contains(const Status& st, const std::string& part) { return st.message().find(part) != std::string::npos; }
+bool contains(const Status& st, const std::string& part) {
+  return st.message().find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -82,7 +86,8 @@ bool contains(const Status& st, const std::string& part) { return st.message().f
 TEST(BackwardLinear, ReferenceMatchesFiniteDifferences) {
   std::mt19937 rng(1);
   for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{7, 13, 5}, {1, 4, 1}, {3, 1, 6}}) {
-    Tensor x = f64(random_tensor({M, K}, rng)), w = f64(random_tensor({K, N}, rng)), b = f64(random_tensor({N}, rng));
+    Tensor x = f64(random_tensor({M, K}, rng)), w = f64(random_tensor({K, N}, rng)),
+           b = f64(random_tensor({N}, rng));
     const Tensor dy = f64(random_tensor({M, N}, rng));
     auto loss = [&] {
       Tensor y = Tensor::empty({M, N}, DType::f64);
@@ -103,22 +108,25 @@ TEST(BackwardLinear, ReferenceMatchesFiniteDifferences) {
 // or as a transpose view, dw likewise (a tied head's gradient is the (V, C) table's transpose).
 TEST(BackwardLinear, FastMatchesReference) {
   std::mt19937 rng(11);
-  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{7, 13, 5},  {1, 1, 1},   {3, 17, 1},
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{7, 13, 5},   {1, 1, 1},     {3, 17, 1},
                                                           {33, 65, 17}, {100, 7, 129}, {64, 256, 384}};
   for (auto [M, K, N] : shapes)
     for (int variant = 0; variant < 4; ++variant) {
       const bool w_t = variant & 1, dw_t = variant & 2;
-      const Tensor x = random_tensor({M, K}, rng), b = random_tensor({N}, rng), dy = random_tensor({M, N}, rng);
+      const Tensor x = random_tensor({M, K}, rng), b = random_tensor({N}, rng),
+                   dy = random_tensor({M, N}, rng);
       const Tensor w = w_t ? transposed_copy(random_tensor({K, N}, rng)) : random_tensor({K, N}, rng);
       Tensor y = Tensor::empty({M, N}), want_y = Tensor::empty({M, N});
       ASSERT_TRUE(IsOk(ops::linear_plain(x, w, b, y)));
       ASSERT_TRUE(IsOk(ref::linear_plain(x, w, b, want_y)));
       Tensor dx = Tensor::empty({M, K}), want_dx = Tensor::empty({M, K});
-      Tensor dw = dw_t ? transposed_copy(Tensor::zeros({K, N})) : Tensor::zeros({K, N}), want_dw = Tensor::zeros({K, N});
+      Tensor dw = dw_t ? transposed_copy(Tensor::zeros({K, N})) : Tensor::zeros({K, N}),
+             want_dw = Tensor::zeros({K, N});
       Tensor db = Tensor::zeros({N}), want_db = Tensor::zeros({N});
       ASSERT_TRUE(IsOk(ops::linear_backward(x, w, dy, &dx, &dw, &db)));
       ASSERT_TRUE(IsOk(ref::linear_backward(x, w, dy, &want_dx, &want_dw, &want_db)));
-      const std::string at = shape_of({M, K, N}) + (w_t ? " w transposed" : "") + (dw_t ? " dw transposed" : "");
+      const std::string at =
+          shape_of({M, K, N}) + (w_t ? " w transposed" : "") + (dw_t ? " dw transposed" : "");
       EXPECT_LT(max_rel_error(y, want_y), kFastTol) << at;
       EXPECT_LT(max_rel_error(dx, want_dx), kFastTol) << at;
       EXPECT_LT(max_rel_error(dw, want_dw), kFastTol) << at;
@@ -129,7 +137,8 @@ TEST(BackwardLinear, FastMatchesReference) {
 TEST(BackwardLinear, ParameterGradientsAccumulate) {
   std::mt19937 rng(12);
   const int64_t M = 9, K = 13, N = 6;
-  const Tensor x = random_tensor({M, K}, rng), w = random_tensor({K, N}, rng), dy = random_tensor({M, N}, rng);
+  const Tensor x = random_tensor({M, K}, rng), w = random_tensor({K, N}, rng),
+               dy = random_tensor({M, N}, rng);
   const Tensor dw0 = random_tensor({K, N}, rng), db0 = random_tensor({N}, rng);
   Tensor once_w = Tensor::zeros({K, N}), once_b = Tensor::zeros({N});
   ASSERT_TRUE(IsOk(ops::linear_backward(x, w, dy, nullptr, &once_w, &once_b)));
@@ -157,15 +166,17 @@ TEST(BackwardLinear, ParameterGradientsAccumulate) {
 TEST(BackwardLinear, TiedHeadAddsIntoTheTableGradient) {
   std::mt19937 rng(13);
   const int64_t T = 11, C = 16, V = 37;
-  const Tensor table = random_tensor({V, C}, rng), h = random_tensor({T, C}, rng), dlogits = random_tensor({T, V}, rng);
+  const Tensor table = random_tensor({V, C}, rng), h = random_tensor({T, C}, rng),
+               dlogits = random_tensor({T, V}, rng);
   const Tensor ids = Tensor::from_ids({T}, {0, 5, 5, 36, 2, 0, 9, 9, 9, 1, 30});
   const Tensor dy_embed = random_tensor({T, C}, rng);
   auto run = [&](bool fast) {
     Tensor dtable = Tensor::zeros({V, C}), dw = dtable.transpose(0, 1), dh = Tensor::empty({T, C});
     const Tensor w = table.transpose(0, 1);  // (C, V)
-    EXPECT_TRUE((fast ? ops::embedding_backward(ids, dy_embed, dtable) : ref::embedding_backward(ids, dy_embed, dtable)).ok());
-    EXPECT_TRUE((fast ? ops::linear_backward(h, w, dlogits, &dh, &dw, nullptr)
-                      : ref::linear_backward(h, w, dlogits, &dh, &dw, nullptr)).ok());
+    EXPECT_TRUE(IsOk(fast ? ops::embedding_backward(ids, dy_embed, dtable)
+                          : ref::embedding_backward(ids, dy_embed, dtable)));
+    EXPECT_TRUE(IsOk(fast ? ops::linear_backward(h, w, dlogits, &dh, &dw, nullptr)
+                          : ref::linear_backward(h, w, dlogits, &dh, &dw, nullptr)));
     return std::pair{dtable, dh};
   };
   const auto [fast_table, fast_h] = run(true);
@@ -182,14 +193,15 @@ TEST(BackwardLinear, TiedHeadAddsIntoTheTableGradient) {
 TEST(BackwardLinear, NullGradientsAreSkipped) {
   std::mt19937 rng(14);
   const int64_t M = 7, K = 13, N = 5;
-  const Tensor x = random_tensor({M, K}, rng), w = random_tensor({K, N}, rng), dy = random_tensor({M, N}, rng);
+  const Tensor x = random_tensor({M, K}, rng), w = random_tensor({K, N}, rng),
+               dy = random_tensor({M, N}, rng);
   Tensor all_dx = Tensor::empty({M, K}), all_dw = Tensor::zeros({K, N}), all_db = Tensor::zeros({N});
   ASSERT_TRUE(IsOk(ops::linear_backward(x, w, dy, &all_dx, &all_dw, &all_db)));
   for (int mask = 0; mask < 8; ++mask) {
     Tensor dx = Tensor::full({M, K}, 7.f), dw = Tensor::zeros({K, N}), db = Tensor::zeros({N});
     const onednn::CacheStats before = onednn::cache_stats();
     ASSERT_TRUE(IsOk(ops::linear_backward(x, w, dy, mask & 1 ? &dx : nullptr, mask & 2 ? &dw : nullptr,
-                                     mask & 4 ? &db : nullptr)));
+                                          mask & 4 ? &db : nullptr)));
     const onednn::CacheStats after = onednn::cache_stats();
     // One primitive looked up per product asked for (dx, dw); db is a loop.
     EXPECT_EQ(after.hits + after.created - before.hits - before.created, !!(mask & 1) + !!(mask & 2)) << mask;
@@ -205,29 +217,35 @@ TEST(BackwardLinear, EmptyShapes) {
   ASSERT_TRUE(IsOk(ops::linear_plain(Tensor::zeros({3, 0}), Tensor::zeros({0, 2}), b, y)));  // K = 0: y = b
   EXPECT_EQ(y.to_vector(), (std::vector<float>{1, -2, 1, -2, 1, -2}));
   Tensor dw = Tensor::full({4, 2}, 3.f), db = Tensor::full({2}, 3.f), dx = Tensor::empty({0, 4});
-  ASSERT_TRUE(IsOk(ops::linear_backward(Tensor::zeros({0, 4}), Tensor::zeros({4, 2}), Tensor::zeros({0, 2}), &dx, &dw, &db)));
+  ASSERT_TRUE(IsOk(ops::linear_backward(Tensor::zeros({0, 4}), Tensor::zeros({4, 2}), Tensor::zeros({0, 2}),
+                                        &dx, &dw, &db)));
   EXPECT_EQ(dw.to_vector(), std::vector<float>(8, 3.f));  // M = 0 adds nothing
   EXPECT_EQ(db.to_vector(), std::vector<float>(2, 3.f));
 }
 
 TEST(BackwardLinear, Refusals) {
   std::mt19937 rng(15);
-  const Tensor x = random_tensor({7, 13}, rng), w = random_tensor({13, 5}, rng), dy = random_tensor({7, 5}, rng);
+  const Tensor x = random_tensor({7, 13}, rng), w = random_tensor({13, 5}, rng),
+               dy = random_tensor({7, 5}, rng);
   Tensor dx = Tensor::empty({7, 13}), dw = Tensor::zeros({13, 5}), db = Tensor::zeros({5});
   Tensor short_dy = Tensor::zeros({7, 4}), wrong_db = Tensor::zeros({4}), y = Tensor::empty({7, 5});
   EXPECT_TRUE(SameRefusal(ops::linear_backward(x, w, short_dy, &dx, &dw, &db),
                           ref::linear_backward(x, w, short_dy, &dx, &dw, &db)));
-  EXPECT_TRUE(contains(ops::linear_backward(x, w, short_dy, &dx, &dw, &db), "ops::linear_backward: dy f32 (7, 4) should be (7, 5)"));
+  EXPECT_TRUE(contains(ops::linear_backward(x, w, short_dy, &dx, &dw, &db),
+                       "ops::linear_backward: dy f32 (7, 4) should be (7, 5)"));
   EXPECT_TRUE(contains(ops::linear_backward(x, w, dy, &dx, &dw, &wrong_db), "db f32 (4) should be (5)"));
   EXPECT_TRUE(SameRefusal(ops::linear_plain(x, dy, Tensor(), y), ref::linear_plain(x, dy, Tensor(), y)));
-  EXPECT_TRUE(contains(ops::linear_plain(x, dy, Tensor(), y), "x f32 (7, 13) has K = 13 but w f32 (7, 5) has K = 7"));
+  EXPECT_TRUE(
+      contains(ops::linear_plain(x, dy, Tensor(), y), "x f32 (7, 13) has K = 13 but w f32 (7, 5) has K = 7"));
   // dtypes: bf16 nowhere; f64 only in the reference loops, and there for every tensor of a call
   const Tensor xb = x.to(DType::bf16), x64 = f64(x);
   EXPECT_TRUE(contains(ops::linear_backward(xb, w, dy, &dx, &dw, &db), "x must be f32, got bf16 (7, 13)"));
-  EXPECT_TRUE(contains(ref::linear_backward(xb, w, dy, &dx, &dw, &db), "x must be f32 or f64, got bf16 (7, 13)"));
+  EXPECT_TRUE(
+      contains(ref::linear_backward(xb, w, dy, &dx, &dw, &db), "x must be f32 or f64, got bf16 (7, 13)"));
   EXPECT_TRUE(contains(ops::linear_backward(x64, w, dy, &dx, &dw, &db), "f64 is for the reference loops"));
   const Status mixed = ref::linear_backward(x64, w, dy, &dx, &dw, &db);
-  EXPECT_TRUE(contains(mixed, "ref::linear_backward: w is f32 (13, 5) but x is f64 (7, 13)")) << mixed.message();
+  EXPECT_TRUE(contains(mixed, "ref::linear_backward: w is f32 (13, 5) but x is f64 (7, 13)"))
+      << mixed.message();
   EXPECT_TRUE(contains(mixed, "every tensor of one call must be f32, or every one f64"));
   EXPECT_EQ(mixed.code(), Code::invalid_argument);
   EXPECT_TRUE(contains(ops::linear_backward(x, Tensor(), dy, &dx, &dw, &db), "w is undefined"));
@@ -250,7 +268,8 @@ TEST(BackwardActivation, DerivativeMatchesFiniteDifferences) {
   // Known values: GELU'(0) = 1/2 for both forms; erf-GELU'(1) = Φ(1) + φ(1).
   EXPECT_DOUBLE_EQ(ref::activate_derivative(Activation::gelu_erf, 0.0), 0.5);
   EXPECT_DOUBLE_EQ(ref::activate_derivative(Activation::gelu_tanh, 0.0), 0.5);
-  EXPECT_NEAR(ref::activate_derivative(Activation::gelu_erf, 1.0), 0.8413447460685429 + 0.24197072451914337, 1e-15);
+  EXPECT_NEAR(ref::activate_derivative(Activation::gelu_erf, 1.0), 0.8413447460685429 + 0.24197072451914337,
+              1e-15);
   // The float activate is the double one, rounded once.
   for (Activation act : kActs)
     EXPECT_EQ(ref::activate(act, 0.7f), static_cast<float>(ref::activate(act, static_cast<double>(0.7f))));
@@ -265,7 +284,8 @@ TEST(BackwardActivation, ReferenceMatchesFiniteDifferences) {
     const Tensor dy = f64(random_tensor({3, 17}, rng));
     auto loss = [&] {
       double s = 0.0;
-      for (int64_t i = 0; i < x.numel(); ++i) s += dy.data<double>()[i] * ref::activate(act, x.data<double>()[i]);
+      for (int64_t i = 0; i < x.numel(); ++i)
+        s += dy.data<double>()[i] * ref::activate(act, x.data<double>()[i]);
       return s;
     };
     Tensor dx = Tensor::empty({3, 17}, DType::f64);
@@ -296,7 +316,8 @@ TEST(BackwardActivation, FastMatchesReference) {
   EXPECT_LT(max_rel_error(dx, want), kFastTol) << "strided";
   // ReLU's derivative at 0 is 0 on both paths.
   Tensor at0 = Tensor::empty({2});
-  ASSERT_TRUE(IsOk(ops::activation_backward(Activation::relu, Tensor::zeros({2}), Tensor::full({2}, 1.f), at0)));
+  ASSERT_TRUE(
+      IsOk(ops::activation_backward(Activation::relu, Tensor::zeros({2}), Tensor::full({2}, 1.f), at0)));
   EXPECT_EQ(at0.to_vector(), (std::vector<float>{0.f, 0.f}));
 }
 
@@ -305,11 +326,13 @@ TEST(BackwardActivation, Refusals) {
   Tensor dx = Tensor::empty({3, 4}), dx5 = Tensor::empty({3, 5});
   EXPECT_TRUE(SameRefusal(ops::activation_backward(Activation::relu, x, wide, dx5),
                           ref::activation_backward(Activation::relu, x, wide, dx5)));
-  EXPECT_TRUE(contains(ops::activation_backward(Activation::relu, x, wide, dx5), "dy f32 (3, 5) does not match x f32 (3, 4)"));
+  EXPECT_TRUE(contains(ops::activation_backward(Activation::relu, x, wide, dx5),
+                       "dy f32 (3, 5) does not match x f32 (3, 4)"));
   const Status unknown = ops::activation_backward(static_cast<Activation>(9), x, dy, dx);
   EXPECT_TRUE(SameRefusal(unknown, ref::activation_backward(static_cast<Activation>(9), x, dy, dx)));
   EXPECT_TRUE(contains(unknown, "unknown activation 9"));
-  EXPECT_TRUE(contains(ref::activation_backward(Activation::relu, f64(x), dy, dx), "dy is f32 (3, 4) but x is f64 (3, 4)"));
+  EXPECT_TRUE(contains(ref::activation_backward(Activation::relu, f64(x), dy, dx),
+                       "dy is f32 (3, 4) but x is f64 (3, 4)"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -388,19 +411,21 @@ TEST(BackwardLayerNorm, FastMatchesReference) {
     ASSERT_TRUE(IsOk(ref::layer_norm_train(x, gamma, beta, eps, y, mean, rstd)));
     const Tensor dgamma0 = random_tensor({C}, rng), dbeta0 = random_tensor({C}, rng);
     Tensor want_dx = Tensor::empty(shape), want_dgamma = Tensor::zeros({C}), want_dbeta = Tensor::zeros({C});
-    ASSERT_TRUE(IsOk(ref::layer_norm_backward(x, gamma, mean, rstd, dy, &want_dx, &want_dgamma, &want_dbeta)));
+    ASSERT_TRUE(
+        IsOk(ref::layer_norm_backward(x, gamma, mean, rstd, dy, &want_dx, &want_dgamma, &want_dbeta)));
     for (int mask = 1; mask < 8; ++mask) {
       Tensor dx = Tensor::full(shape, 7.f);
       Tensor dgamma = Tensor::zeros({C, 2}).select(1, 1), dbeta = Tensor::zeros({C});  // dgamma: stride 2
       ASSERT_TRUE(IsOk(ops::layer_norm_backward(x, gamma, mean, rstd, dy, mask & 1 ? &dx : nullptr,
-                                           mask & 2 ? &dgamma : nullptr, mask & 4 ? &dbeta : nullptr)));
+                                                mask & 2 ? &dgamma : nullptr, mask & 4 ? &dbeta : nullptr)));
       const std::string at = shape.str() + " mask " + std::to_string(mask);
       EXPECT_LT(max_rel_error(dx, mask & 1 ? want_dx : Tensor::full(shape, 7.f)), kFastTol) << at;
       EXPECT_LT(max_rel_error(dgamma, mask & 2 ? want_dgamma : Tensor::zeros({C})), kFastTol) << at;
       EXPECT_LT(max_rel_error(dbeta, mask & 4 ? want_dbeta : Tensor::zeros({C})), kFastTol) << at;
     }
     // Accumulation onto what the parameter gradients held; dx through a strided x.
-    Tensor dgamma = dgamma0.clone(), dbeta = dbeta0.clone(), sum_gamma = Tensor::empty({C}), sum_beta = Tensor::empty({C});
+    Tensor dgamma = dgamma0.clone(), dbeta = dbeta0.clone(), sum_gamma = Tensor::empty({C}),
+           sum_beta = Tensor::empty({C});
     ASSERT_TRUE(IsOk(ops::layer_norm_backward(x, gamma, mean, rstd, dy, nullptr, &dgamma, &dbeta)));
     ASSERT_TRUE(IsOk(ops::add(dgamma0, want_dgamma, sum_gamma)));
     ASSERT_TRUE(IsOk(ops::add(dbeta0, want_dbeta, sum_beta)));
@@ -408,16 +433,20 @@ TEST(BackwardLayerNorm, FastMatchesReference) {
     EXPECT_LT(max_rel_error(dbeta, sum_beta), kFastTol) << shape.str();
     if (shape.rank() == 2) {
       Tensor dx = transposed_copy(Tensor::zeros(shape));
-      ASSERT_TRUE(IsOk(ops::layer_norm_backward(transposed_copy(x), gamma, mean, rstd, transposed_copy(dy), &dx,
-                                           nullptr, nullptr)));
+      ASSERT_TRUE(IsOk(ops::layer_norm_backward(transposed_copy(x), gamma, mean, rstd, transposed_copy(dy),
+                                                &dx, nullptr, nullptr)));
       EXPECT_LT(max_rel_error(dx, want_dx), kFastTol) << shape.str() << " strided";
     }
+    Tensor in_place = dy.clone();  // dx = dy works too, though ops.h does not promise it
+    ASSERT_TRUE(IsOk(ops::layer_norm_backward(x, gamma, mean, rstd, in_place, &in_place, nullptr, nullptr)));
+    EXPECT_LT(max_rel_error(in_place, want_dx), kFastTol) << shape.str() << " in place";
   }
 }
 
 TEST(BackwardLayerNorm, Refusals) {
   const Tensor x = Tensor::zeros({4, 6}), gamma = Tensor::full({6}, 1.f), beta = Tensor::zeros({6});
-  Tensor y = Tensor::empty({4, 6}), mean = Tensor::empty({4}), rstd = Tensor::empty({4}), short_stat = Tensor::empty({3});
+  Tensor y = Tensor::empty({4, 6}), mean = Tensor::empty({4}), rstd = Tensor::empty({4}),
+         short_stat = Tensor::empty({3});
   EXPECT_TRUE(SameRefusal(ops::layer_norm_train(x, gamma, beta, 1e-5f, y, short_stat, rstd),
                           ref::layer_norm_train(x, gamma, beta, 1e-5f, y, short_stat, rstd)));
   EXPECT_TRUE(contains(ops::layer_norm_train(x, gamma, beta, 1e-5f, y, short_stat, rstd),
@@ -480,7 +509,8 @@ TEST(BackwardSoftmax, Refusals) {
   const Tensor y = Tensor::zeros({3, 4}), dy = Tensor::zeros({4, 3});
   Tensor dx = Tensor::empty({3, 4});
   EXPECT_TRUE(SameRefusal(ops::softmax_backward(y, dy, dx), ref::softmax_backward(y, dy, dx)));
-  EXPECT_TRUE(contains(ops::softmax_backward(y, dy, dx), "ops::softmax_backward: dy f32 (4, 3) does not match y f32 (3, 4)"));
+  EXPECT_TRUE(contains(ops::softmax_backward(y, dy, dx),
+                       "ops::softmax_backward: dy f32 (4, 3) does not match y f32 (3, 4)"));
   Tensor scalar = Tensor::zeros({});
   EXPECT_TRUE(contains(ops::softmax_backward(scalar, scalar, scalar), "y needs rank >= 1"));
   Tensor dx64 = Tensor::empty({3, 4}, DType::f64);
@@ -517,7 +547,8 @@ TEST(BackwardEmbedding, ReferenceMatchesFiniteDifferencesAndAHandExample) {
 // gradient, accumulation onto what it held; the same bits on every run.
 TEST(BackwardEmbedding, FastMatchesReference) {
   std::mt19937 rng(51);
-  for (auto [n, V, C] : {std::tuple<int64_t, int64_t, int64_t>{5, 3, 1}, {7, 11, 13}, {1000, 50, 768}, {64, 5, 3000}}) {
+  for (auto [n, V, C] :
+       {std::tuple<int64_t, int64_t, int64_t>{5, 3, 1}, {7, 11, 13}, {1000, 50, 768}, {64, 5, 3000}}) {
     std::vector<int32_t> idv(static_cast<size_t>(n));
     for (int32_t& id : idv) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
     const Tensor ids = n % 2 ? Tensor::from_ids({n}, idv) : Tensor::from_ids({2, n / 2}, idv);
@@ -545,7 +576,8 @@ TEST(BackwardEmbedding, Refusals) {
   EXPECT_TRUE(contains(bad, "token id 5 at position 2 is outside the vocabulary [0, 5)")) << bad.message();
   EXPECT_EQ(dtable.to_vector(), std::vector<float>(15, 0.f));  // nothing added before the refusal
   const Tensor ok_ids = Tensor::from_ids({4}, {0, 2, 4, 1}), dy4 = Tensor::zeros({4, 4});
-  EXPECT_TRUE(SameRefusal(ops::embedding_backward(ok_ids, dy4, dtable), ref::embedding_backward(ok_ids, dy4, dtable)));
+  EXPECT_TRUE(SameRefusal(ops::embedding_backward(ok_ids, dy4, dtable),
+                          ref::embedding_backward(ok_ids, dy4, dtable)));
   EXPECT_TRUE(contains(ops::embedding_backward(ok_ids, dy4, dtable), "dy f32 (4, 4) should be ids (4) x 3"));
   EXPECT_TRUE(contains(ops::embedding_backward(dy, dy, dtable), "ids must be i32, got f32 (4, 3)"));
 }
@@ -584,8 +616,9 @@ CrossEntropy cross_entropy_of(bool fast, const Tensor& logits, const Tensor& tar
                               float scale = 1.f) {
   CrossEntropy r;
   r.dlogits = Tensor::full(logits.shape(), 7.f);
-  const Status st = fast ? ops::cross_entropy(logits, targets, smoothing, &r.loss, &r.counted, &r.dlogits, scale)
-                         : ref::cross_entropy(logits, targets, smoothing, &r.loss, &r.counted, &r.dlogits, scale);
+  const Status st =
+      fast ? ops::cross_entropy(logits, targets, smoothing, &r.loss, &r.counted, &r.dlogits, scale)
+           : ref::cross_entropy(logits, targets, smoothing, &r.loss, &r.counted, &r.dlogits, scale);
   EXPECT_TRUE(IsOk(st));
   return r;
 }
@@ -621,7 +654,8 @@ TEST(BackwardCrossEntropy, IgnoredRowsAndTheCount) {
     EXPECT_EQ(all.counted, 2);
     double sum = 0.0;
     for (int64_t i : {1, 3}) {
-      const CrossEntropy one = cross_entropy_of(fast, logits.slice(0, i, i + 1), targets.slice(0, i, i + 1), 0.1f, 2.f);
+      const CrossEntropy one =
+          cross_entropy_of(fast, logits.slice(0, i, i + 1), targets.slice(0, i, i + 1), 0.1f, 2.f);
       sum += one.loss;
       for (int64_t v = 0; v < 6; ++v) EXPECT_EQ(all.dlogits.at({i, v}), one.dlogits.at({0, v}));
     }
@@ -656,7 +690,8 @@ TEST(BackwardCrossEntropy, FastMatchesReference) {
       ASSERT_TRUE(IsOk(ops::cross_entropy(logits, targets, smoothing, &loss_only, &counted)));
       EXPECT_EQ(loss_only, fast.loss) << at;
       Tensor in_place = logits.clone();
-      ASSERT_TRUE(IsOk(ops::cross_entropy(in_place, targets, smoothing, &loss_only, &counted, &in_place, 1.f / N)));
+      ASSERT_TRUE(
+          IsOk(ops::cross_entropy(in_place, targets, smoothing, &loss_only, &counted, &in_place, 1.f / N)));
       EXPECT_EQ(loss_only, fast.loss) << at;
       EXPECT_EQ(max_rel_error(in_place, fast.dlogits), 0.0) << at;
     }
@@ -678,7 +713,8 @@ TEST(BackwardCrossEntropy, InfiniteAndHugeLogitsStayFinite) {
     const char* path = fast ? "fast" : "ref";
     for (int64_t i = 0; i < 4; ++i) {
       const CrossEntropy r = cross_entropy_of(fast, logits.slice(0, i, i + 1), targets.slice(0, i, i + 1));
-      for (int64_t v = 0; v < 3; ++v) EXPECT_TRUE(std::isfinite(r.dlogits.at({0, v}))) << path << " row " << i;
+      for (int64_t v = 0; v < 3; ++v)
+        EXPECT_TRUE(std::isfinite(r.dlogits.at({0, v}))) << path << " row " << i;
       const double want = want_loss[i];
       EXPECT_TRUE(want == inf ? r.loss == inf : std::fabs(r.loss - want) <= 1e-6 * std::max(1.0, want))
           << path << " row " << i << ": loss " << r.loss << ", want " << want;
@@ -702,7 +738,8 @@ TEST(BackwardCrossEntropy, Refusals) {
   EXPECT_TRUE(contains(ops::cross_entropy(logits, Tensor::from_ids({4}, {0, -2, 0, 0}), 0.f, &loss, &counted),
                        "target -2 at row 1"));
   const Tensor targets = Tensor::from_ids({4}, {0, 1, 2, 3});
-  EXPECT_TRUE(contains(ops::cross_entropy(logits, targets, 1.f, &loss, &counted), "label_smoothing must be in [0, 1), got 1"));
+  EXPECT_TRUE(contains(ops::cross_entropy(logits, targets, 1.f, &loss, &counted),
+                       "label_smoothing must be in [0, 1), got 1"));
   EXPECT_TRUE(contains(ops::cross_entropy(logits, Tensor::from_ids({3}, {0, 1, 2}), 0.f, &loss, &counted),
                        "targets should be i32 (4) for logits f32 (4, 5), got i32 (3)"));
   Tensor wide = Tensor::empty({4, 6}), overlapping = Tensor::zeros({5, 5});
@@ -714,4 +751,78 @@ TEST(BackwardCrossEntropy, Refusals) {
   Tensor d64 = Tensor::empty({4, 5}, DType::f64);
   EXPECT_TRUE(contains(ref::cross_entropy(logits, targets, 0.f, &loss, &counted, &d64),
                        "dlogits is f64 (4, 5) but logits is f32 (4, 5)"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// threads
+
+// Every training op from four threads at once (cached primitives, per-thread scratch), each
+// thread on its own shapes and on shapes another thread uses too: the results of one thread alone.
+TEST(BackwardThreads, OpsRunFromSeveralThreadsAtOnce) {
+  struct Case {
+    Tensor x, w, dy, gamma, ids, targets;
+    Tensor dx, dw, ln_dx, dgamma, sm_dx, dtable, dlogits;
+    double loss = 0.0;
+  };
+  // One case through every op; the gradients land in c.
+  auto run = [](Case& c) {
+    const int64_t M = c.x.dim(0), K = c.x.dim(1), N = c.w.dim(1);
+    c.dx = Tensor::empty({M, K});
+    c.dw = Tensor::zeros({K, N});
+    Tensor y = Tensor::empty({M, N}), act_dy = Tensor::empty({M, N});
+    bool ok = ops::linear_plain(c.x, c.w, Tensor(), y).ok() &&
+              ops::activation_backward(Activation::gelu_erf, y, c.dy, act_dy).ok() &&
+              ops::linear_backward(c.x, c.w, act_dy, &c.dx, &c.dw, nullptr).ok();
+    Tensor ln_y = Tensor::empty({M, K}), mean = Tensor::empty({M}), rstd = Tensor::empty({M});
+    c.ln_dx = Tensor::empty({M, K});
+    c.dgamma = Tensor::zeros({K});
+    ok = ok && ops::layer_norm_train(c.x, c.gamma, c.gamma, 1e-5f, ln_y, mean, rstd).ok() &&
+         ops::layer_norm_backward(c.x, c.gamma, mean, rstd, c.dx, &c.ln_dx, &c.dgamma, nullptr).ok();
+    Tensor p = Tensor::empty({M, N});
+    c.sm_dx = Tensor::empty({M, N});
+    ok = ok && ops::softmax(y, p).ok() && ops::softmax_backward(p, c.dy, c.sm_dx).ok();
+    c.dtable = Tensor::zeros({N, K});
+    c.dlogits = Tensor::empty({M, N});
+    int64_t counted = 0;
+    ok = ok && ops::embedding_backward(c.ids, c.x, c.dtable).ok() &&
+         ops::cross_entropy(y, c.targets, 0.1f, &c.loss, &counted, &c.dlogits, 0.5f).ok();
+    return ok;
+  };
+  std::mt19937 rng(71);
+  std::vector<Case> cases;
+  for (auto [M, K, N] :
+       {std::tuple<int64_t, int64_t, int64_t>{7, 13, 5}, {33, 64, 100}, {7, 13, 5}, {64, 96, 257}}) {
+    Case c;
+    c.x = random_tensor({M, K}, rng);
+    c.w = random_tensor({K, N}, rng);
+    c.dy = random_tensor({M, N}, rng);
+    c.gamma = random_tensor({K}, rng, 0.5f, 1.5f);
+    std::vector<int32_t> ids(static_cast<size_t>(M)), targets(static_cast<size_t>(M));
+    for (int64_t i = 0; i < M; ++i) {
+      ids[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(N));
+      targets[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(N)) - (i % 4 == 0);
+    }
+    c.ids = Tensor::from_ids({M}, ids);
+    c.targets = Tensor::from_ids({M}, targets);
+    cases.push_back(c);
+  }
+  std::vector<Case> alone = cases;
+  for (Case& c : alone) ASSERT_TRUE(run(c));
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 5; ++rep) {
+        Case c = cases[static_cast<size_t>(t)];
+        const Case& want = alone[static_cast<size_t>(t)];
+        const bool same = run(c) && std::fabs(c.loss - want.loss) <= 1e-9 * std::fabs(want.loss);
+        const double err = std::max({max_rel_error(c.dx, want.dx), max_rel_error(c.dw, want.dw),
+                                     max_rel_error(c.ln_dx, want.ln_dx), max_rel_error(c.dgamma, want.dgamma),
+                                     max_rel_error(c.sm_dx, want.sm_dx), max_rel_error(c.dtable, want.dtable),
+                                     max_rel_error(c.dlogits, want.dlogits)});
+        if (!same || err > 1e-6) ++failures;  // rounding at most: a race would be far off
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
 }

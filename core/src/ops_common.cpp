@@ -226,8 +226,8 @@ Status check_training_dtypes(const char* op, std::initializer_list<NamedTensor> 
     TSR_RETURN_IF_ERROR(need_defined(op, t.first, *t.second));
     const DType d = t.second->dtype();
     if (d != DType::f32 && !(f64_ok && d == DType::f64))
-      return Status::Invalid(std::string(op) + ": " + t.first + " must be " + (f64_ok ? "f32 or f64" : "f32") +
-                             ", got " + t.second->describe() +
+      return Status::Invalid(std::string(op) + ": " + t.first + " must be " +
+                             (f64_ok ? "f32 or f64" : "f32") + ", got " + t.second->describe() +
                              (d == DType::f64 ? " (f64 is for the reference loops, tessera::ref)" : ""));
     if (!first) {
       first = &t;
@@ -247,37 +247,37 @@ Status check_elementwise_training(const char* op, std::initializer_list<NamedTen
     return Status::Invalid(std::string(op) + ": " + first.first + " needs rank >= 1, got a scalar");
   for (const NamedTensor& t : ts)
     if (t.second->shape() != first.second->shape())
-      return Status::Invalid(std::string(op) + ": " + t.first + " " + t.second->describe() + " does not match " +
-                             first.first + " " + first.second->describe());
+      return Status::Invalid(std::string(op) + ": " + t.first + " " + t.second->describe() +
+                             " does not match " + first.first + " " + first.second->describe());
   return Status::Ok();
 }
 
 Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                           bool f64_ok) {
-  TSR_RETURN_IF_ERROR(
-      check_training_dtypes(op, {{"x", &x}, {"w", &w}, {"b", b.defined() ? &b : nullptr}, {"y", &y}}, f64_ok));
+  TSR_RETURN_IF_ERROR(check_training_dtypes(
+      op, {{"x", &x}, {"w", &w}, {"b", b.defined() ? &b : nullptr}, {"y", &y}}, f64_ok));
   if (x.rank() != 2 || w.rank() != 2)
-    return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() + ", w " +
-                           w.describe());
+    return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() +
+                           ", w " + w.describe());
   const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(1);
   if (w.dim(0) != K)
-    return Status::Invalid(std::string(op) + ": x " + x.describe() + " has K = " + std::to_string(K) + " but w " +
-                           w.describe() + " has K = " + std::to_string(w.dim(0)));
+    return Status::Invalid(std::string(op) + ": x " + x.describe() + " has K = " + std::to_string(K) +
+                           " but w " + w.describe() + " has K = " + std::to_string(w.dim(0)));
   if (b.defined()) TSR_RETURN_IF_ERROR(shape_is(op, "b", b, {N}));
   return shape_is(op, "y", y, {M, N});
 }
 
-Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                             const Tensor* dw, const Tensor* db, bool f64_ok) {
+Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy,
+                             const Tensor* dx, const Tensor* dw, const Tensor* db, bool f64_ok) {
   TSR_RETURN_IF_ERROR(check_training_dtypes(
       op, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"dx", dx}, {"dw", dw}, {"db", db}}, f64_ok));
   if (x.rank() != 2 || w.rank() != 2)
-    return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() + ", w " +
-                           w.describe());
+    return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() +
+                           ", w " + w.describe());
   const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(1);
   if (w.dim(0) != K)
-    return Status::Invalid(std::string(op) + ": x " + x.describe() + " has K = " + std::to_string(K) + " but w " +
-                           w.describe() + " has K = " + std::to_string(w.dim(0)));
+    return Status::Invalid(std::string(op) + ": x " + x.describe() + " has K = " + std::to_string(K) +
+                           " but w " + w.describe() + " has K = " + std::to_string(w.dim(0)));
   TSR_RETURN_IF_ERROR(shape_is(op, "dy", dy, {M, N}));
   if (dx) TSR_RETURN_IF_ERROR(shape_is(op, "dx", *dx, {M, K}));
   if (dw) TSR_RETURN_IF_ERROR(shape_is(op, "dw", *dw, {K, N}));
@@ -293,14 +293,17 @@ Status check_activation_backward(const char* op, Activation act, const Tensor& x
   return check_elementwise_training(op, {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, f64_ok);
 }
 
-Status check_layer_norm_train(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                              const Tensor& y, const Tensor& mean, const Tensor& rstd, bool f64_ok) {
+Status check_layer_norm_train(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float eps, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                              bool f64_ok) {
   TSR_RETURN_IF_ERROR(check_training_dtypes(
-      op, {{"x", &x}, {"gamma", &gamma}, {"beta", &beta}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}}, f64_ok));
+      op, {{"x", &x}, {"gamma", &gamma}, {"beta", &beta}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}},
+      f64_ok));
   int64_t C = 0;
   TSR_RETURN_IF_ERROR(check_rows(op, x, &C));
   if (y.shape() != x.shape())
-    return Status::Invalid(std::string(op) + ": output " + y.describe() + " does not match input " + x.describe());
+    return Status::Invalid(std::string(op) + ": output " + y.describe() + " does not match input " +
+                           x.describe());
   if (gamma.shape() != Shape{C} || beta.shape() != Shape{C})
     return Status::Invalid(std::string(op) + ": gamma " + gamma.describe() + " and beta " + beta.describe() +
                            " should be (" + std::to_string(C) + ")");
@@ -315,8 +318,14 @@ Status check_layer_norm_backward(const char* op, const Tensor& x, const Tensor& 
                                  const Tensor& rstd, const Tensor& dy, const Tensor* dx, const Tensor* dgamma,
                                  const Tensor* dbeta, bool f64_ok) {
   TSR_RETURN_IF_ERROR(check_training_dtypes(op,
-                                            {{"x", &x}, {"gamma", &gamma}, {"mean", &mean}, {"rstd", &rstd},
-                                             {"dy", &dy}, {"dx", dx}, {"dgamma", dgamma}, {"dbeta", dbeta}},
+                                            {{"x", &x},
+                                             {"gamma", &gamma},
+                                             {"mean", &mean},
+                                             {"rstd", &rstd},
+                                             {"dy", &dy},
+                                             {"dx", dx},
+                                             {"dgamma", dgamma},
+                                             {"dbeta", dbeta}},
                                             f64_ok));
   int64_t C = 0;
   TSR_RETURN_IF_ERROR(check_rows(op, x, &C));
@@ -355,8 +364,8 @@ Status check_cross_entropy(const char* op, const Tensor& logits, const Tensor& t
   const int64_t N = logits.dim(0), V = logits.dim(1);
   TSR_RETURN_IF_ERROR(need_defined(op, "targets", targets));
   if (targets.dtype() != DType::i32 || targets.shape() != Shape{N})
-    return Status::Invalid(std::string(op) + ": targets should be i32 (" + std::to_string(N) + ") for logits " +
-                           logits.describe() + ", got " + targets.describe());
+    return Status::Invalid(std::string(op) + ": targets should be i32 (" + std::to_string(N) +
+                           ") for logits " + logits.describe() + ", got " + targets.describe());
   if (dlogits) TSR_RETURN_IF_ERROR(shape_is(op, "dlogits", *dlogits, {N, V}));
   if (!(label_smoothing >= 0.f && label_smoothing < 1.f))
     return Status::Invalid(std::string(op) + ": label_smoothing must be in [0, 1), got " +

@@ -32,12 +32,13 @@ Status check_training_dtypes(const char* op, std::initializer_list<NamedTensor> 
 Status check_elementwise_training(const char* op, std::initializer_list<NamedTensor> ts, bool f64_ok);
 Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                           bool f64_ok);
-Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                             const Tensor* dw, const Tensor* db, bool f64_ok);
+Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy,
+                             const Tensor* dx, const Tensor* dw, const Tensor* db, bool f64_ok);
 Status check_activation_backward(const char* op, Activation act, const Tensor& x, const Tensor& dy,
                                  const Tensor& dx, bool f64_ok);
-Status check_layer_norm_train(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                              const Tensor& y, const Tensor& mean, const Tensor& rstd, bool f64_ok);
+Status check_layer_norm_train(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float eps, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                              bool f64_ok);
 Status check_layer_norm_backward(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                  const Tensor& rstd, const Tensor& dy, const Tensor* dx, const Tensor* dgamma,
                                  const Tensor* dbeta, bool f64_ok);

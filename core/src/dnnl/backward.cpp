@@ -79,7 +79,8 @@ Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   return onednn::matmul(op, x, w, b.defined() ? &b : nullptr, y, 1.f, /*accumulate=*/false);
 }
 
-Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db) {
+Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                       Tensor* db) {
   static constexpr const char* op = "ops::linear_backward";
   TSR_RETURN_IF_ERROR(detail::check_linear_backward(op, x, w, dy, dx, dw, db, false));
   // dw and db first: they read x, which dx may then overwrite.
@@ -99,7 +100,8 @@ Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
     add_column_sums(dy, *db);
   }
   // dx (M, K) = dy · wᵀ
-  if (dx) TSR_RETURN_IF_ERROR(onednn::matmul(op, dy, w.transpose(0, 1), nullptr, *dx, 1.f, /*accumulate=*/false));
+  if (dx)
+    TSR_RETURN_IF_ERROR(onednn::matmul(op, dy, w.transpose(0, 1), nullptr, *dx, 1.f, /*accumulate=*/false));
   return Status::Ok();
 }
 
@@ -127,7 +129,8 @@ Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Te
       const memory::desc md = onednn::dense_md({n}, memory::data_type::f32);
       // the forward's descriptor (a hint the backward needs), then the backward from the source x
       const dnnl::eltwise_forward::primitive_desc fwd(
-          dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, onednn::eltwise_alg(act), md, 0.f, 0.f),
+          dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, onednn::eltwise_alg(act), md, 0.f,
+                                      0.f),
           onednn::engine());
       const dnnl::eltwise_backward::desc d(onednn::eltwise_alg(act), md, md, 0.f, 0.f);
       onednn::Prim p = onednn::make_prim<dnnl::eltwise_backward::primitive_desc, dnnl::eltwise_backward>(
@@ -149,7 +152,8 @@ Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Te
 Status layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dy, Tensor* dx, Tensor* dgamma, Tensor* dbeta) {
   static constexpr const char* op = "ops::layer_norm_backward";
-  TSR_RETURN_IF_ERROR(detail::check_layer_norm_backward(op, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, false));
+  TSR_RETURN_IF_ERROR(
+      detail::check_layer_norm_backward(op, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, false));
   if (x.numel() == 0 || (!dx && !dgamma && !dbeta)) return Status::Ok();
   onednn::apply_threads();
   auto shapes = [&] { return onednn::describe({&x, &gamma, &mean, &rstd, &dy}); };
@@ -190,10 +194,14 @@ Status layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& m
     });
     // oneDNN 2.6 refuses to run without a shift, which this backward never reads: gamma's
     // buffer stands in for it.
-    onednn::Arg args[9] = {{DNNL_ARG_SRC, 0, X.raw_data()},         {DNNL_ARG_DIFF_DST, 0, DY.raw_data()},
-                           {DNNL_ARG_DIFF_SRC, 0, out.raw_data()},  {DNNL_ARG_MEAN, 1, mean.raw_data()},
-                           {DNNL_ARG_VARIANCE, 1, var},             {DNNL_ARG_SCALE, 2, G.raw_data()},
-                           {DNNL_ARG_SHIFT, 2, G.raw_data()},       {DNNL_ARG_DIFF_SCALE, 2, dscale},
+    onednn::Arg args[9] = {{DNNL_ARG_SRC, 0, X.raw_data()},
+                           {DNNL_ARG_DIFF_DST, 0, DY.raw_data()},
+                           {DNNL_ARG_DIFF_SRC, 0, out.raw_data()},
+                           {DNNL_ARG_MEAN, 1, mean.raw_data()},
+                           {DNNL_ARG_VARIANCE, 1, var},
+                           {DNNL_ARG_SCALE, 2, G.raw_data()},
+                           {DNNL_ARG_SHIFT, 2, G.raw_data()},
+                           {DNNL_ARG_DIFF_SCALE, 2, dscale},
                            {DNNL_ARG_DIFF_SHIFT, 2, dshift}};
     onednn::execute(*prim, std::span<const onednn::Arg>(args));
     // Parameter gradients accumulate; the primitive wrote this call's into scratch.
@@ -341,7 +349,8 @@ Status cross_entropy(const Tensor& logits, const Tensor& targets, float label_sm
         s.target = row[t[r]];
         st[r] = s;
       }
-      Tensor P = direct ? dlogits->slice(0, r0, r0 + nb) : onednn::scratch_tensor(Slot::c, {nb, V}, DType::f32);
+      Tensor P =
+          direct ? dlogits->slice(0, r0, r0 + nb) : onednn::scratch_tensor(Slot::c, {nb, V}, DType::f32);
       TSR_RETURN_IF_ERROR(softmax(L.slice(0, r0, r0 + nb), P));
       float* p = P.data<float>();
 #pragma omp parallel for schedule(static) if (nb * V >= (1 << 16))

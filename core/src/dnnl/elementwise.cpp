@@ -19,7 +19,8 @@ Status add(const Tensor& a, const Tensor& b, Tensor& y) {
   return onednn::guarded(op, shapes, [&]() -> Status {
     const bool y_direct = onednn::is_dense_f32(y);
     Tensor out = y_direct ? y : onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
-    const Tensor A = onednn::dense_input(a, out, onednn::Slot::a), B = onednn::dense_input(b, out, onednn::Slot::b);
+    const Tensor A = onednn::dense_input(a, out, onednn::Slot::a),
+                 B = onednn::dense_input(b, out, onednn::Slot::b);
     // b repeats every m elements: a as (n / m, m) rows, b as one row (1, m) broadcast over them.
     const int64_t n = A.numel(), m = B.numel();
     const auto prim = onednn::cached(onednn::Key("add") << n << m, [&] {

@@ -21,8 +21,8 @@ dnnl::matmul::primitive_desc matmul_pd(const memory::desc& a, const memory::desc
                                        const memory::desc& c, float alpha, bool accumulate) {
   dnnl::primitive_attr attr = base_attr();
   if (alpha != 1.f) attr.set_output_scales(0, {alpha});  // c = alpha · (a · b)
-  if (accumulate) {  // c = that + c
-    dnnl::post_ops po;
+  if (accumulate) {
+    dnnl::post_ops po;  // c = that + c
     po.append_sum(1.f);
     attr.set_post_ops(po);
   }
@@ -110,7 +110,9 @@ Status matmul(const char* op, const Tensor& a, const Tensor& b, const Tensor* bi
     const bool c_staged = !c_direct || (prim->flags & kDenseC);
     if (prim->flags & kDenseC) C = scratch_tensor(Slot::out, c.shape(), DType::f32);
     if (c_staged && accumulate) convert(c, C);  // the sum post-op reads what c holds
-    Arg args[4] = {{DNNL_ARG_SRC, 0, A.raw_data()}, {DNNL_ARG_WEIGHTS, 1, B.raw_data()}, {DNNL_ARG_DST, 2, C.raw_data()}};
+    Arg args[4] = {{DNNL_ARG_SRC, 0, A.raw_data()},
+                   {DNNL_ARG_WEIGHTS, 1, B.raw_data()},
+                   {DNNL_ARG_DST, 2, C.raw_data()}};
     size_t n_args = 3;
     if (bias) args[n_args++] = {DNNL_ARG_BIAS, 3, bias_row.raw_data()};
     execute(*prim, std::span<const Arg>(args, n_args));

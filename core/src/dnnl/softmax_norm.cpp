@@ -124,8 +124,8 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
     const int64_t R = dims[0];
     const float* in = rows.in.data<float>();
     const size_t flag_bytes = static_cast<size_t>((R + 63) / 64 * 64);
-    auto* constant = static_cast<unsigned char*>(
-        onednn::scratch(onednn::Slot::aux, flag_bytes + (train ? static_cast<size_t>(R) * sizeof(float) : 0)));
+    auto* constant = static_cast<unsigned char*>(onednn::scratch(
+        onednn::Slot::aux, flag_bytes + (train ? static_cast<size_t>(R) * sizeof(float) : 0)));
     float* value = reinterpret_cast<float*>(constant + flag_bytes);
     int any_constant = 0;
 #pragma omp parallel for schedule(static) reduction(| : any_constant) if (R * C >= (1 << 16))
@@ -138,7 +138,8 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
       any_constant |= constant[r];
     }
 
-    const dnnl::prop_kind prop = train ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+    const dnnl::prop_kind prop =
+        train ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
     onednn::Key key("layer_norm");
     key << dims[0] << C << eps << static_cast<int64_t>(train);
     const auto prim = onednn::cached(key, [&] {

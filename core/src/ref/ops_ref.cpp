@@ -91,7 +91,8 @@ void softmax_rows(const T* x, T* y, int64_t R, int64_t C) {
     }
     double sum = 0.0;
     for (int64_t c = 0; c < C; ++c) sum += std::exp(static_cast<double>(row[c]) - mx);
-    for (int64_t c = 0; c < C; ++c) y[r * C + c] = static_cast<T>(std::exp(static_cast<double>(row[c]) - mx) / sum);
+    for (int64_t c = 0; c < C; ++c)
+      y[r * C + c] = static_cast<T>(std::exp(static_cast<double>(row[c]) - mx) / sum);
   }
 }
 }  // namespace

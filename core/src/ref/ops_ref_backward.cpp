@@ -15,8 +15,10 @@ namespace tessera::ref {
 
 double activate_derivative(Activation act, double x) {
   switch (act) {
-    case Activation::none: return 1.0;
-    case Activation::relu: return x > 0.0 ? 1.0 : 0.0;  // 0 at the kink, as oneDNN
+    case Activation::none:
+      return 1.0;
+    case Activation::relu:  // 0 at the kink, as oneDNN
+      return x > 0.0 ? 1.0 : 0.0;
     case Activation::gelu_erf:  // Φ(x) + x·φ(x)
       return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
     case Activation::gelu_tanh: {  // u = k(x + a x³): ½(1 + tanh u) + ½x(1 - tanh² u)·k(1 + 3a x²)
@@ -74,13 +76,15 @@ Status linear_plain_t(const Tensor& x, const Tensor& w, const Tensor& b, Tensor&
 // dx = dy · wᵀ, dw += xᵀ · dy, db += Σ_m dy: all computed before any is written, so a gradient
 // may share storage with an input.
 template <class T>
-Status linear_backward_t(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db) {
+Status linear_backward_t(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                         Tensor* db) {
   const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(1);
   const Tensor xc = x.contiguous(), wc = w.contiguous(), gc = dy.contiguous();
   const T* xp = xc.data<T>();
   const T* wp = wc.data<T>();
   const T* g = gc.data<T>();
-  std::vector<double> gx(static_cast<size_t>(M * K)), gw(static_cast<size_t>(K * N)), gb(static_cast<size_t>(N));
+  std::vector<double> gx(static_cast<size_t>(M * K)), gw(static_cast<size_t>(K * N)),
+      gb(static_cast<size_t>(N));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k)
       for (int64_t n = 0; n < N; ++n) {
@@ -248,14 +252,17 @@ Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   return is_f64(x) ? linear_plain_t<double>(x, w, b, y) : linear_plain_t<float>(x, w, b, y);
 }
 
-Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db) {
+Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                       Tensor* db) {
   TSR_RETURN_IF_ERROR(detail::check_linear_backward("ref::linear_backward", x, w, dy, dx, dw, db, true));
-  return is_f64(x) ? linear_backward_t<double>(x, w, dy, dx, dw, db) : linear_backward_t<float>(x, w, dy, dx, dw, db);
+  return is_f64(x) ? linear_backward_t<double>(x, w, dy, dx, dw, db)
+                   : linear_backward_t<float>(x, w, dy, dx, dw, db);
 }
 
 Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
   TSR_RETURN_IF_ERROR(detail::check_activation_backward("ref::activation_backward", act, x, dy, dx, true));
-  return is_f64(x) ? activation_backward_t<double>(act, x, dy, dx) : activation_backward_t<float>(act, x, dy, dx);
+  return is_f64(x) ? activation_backward_t<double>(act, x, dy, dx)
+                   : activation_backward_t<float>(act, x, dy, dx);
 }
 
 Status layer_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
@@ -268,29 +275,31 @@ Status layer_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta
 
 Status layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dy, Tensor* dx, Tensor* dgamma, Tensor* dbeta) {
-  TSR_RETURN_IF_ERROR(detail::check_layer_norm_backward("ref::layer_norm_backward", x, gamma, mean, rstd, dy, dx,
-                                                        dgamma, dbeta, true));
+  TSR_RETURN_IF_ERROR(detail::check_layer_norm_backward("ref::layer_norm_backward", x, gamma, mean, rstd, dy,
+                                                        dx, dgamma, dbeta, true));
   return is_f64(x) ? layer_norm_backward_t<double>(x, gamma, mean, rstd, dy, dx, dgamma, dbeta)
                    : layer_norm_backward_t<float>(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
 }
 
 Status softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  TSR_RETURN_IF_ERROR(
-      detail::check_elementwise_training("ref::softmax_backward", {{"y", &y}, {"dy", &dy}, {"dx", &dx}}, true));
+  TSR_RETURN_IF_ERROR(detail::check_elementwise_training("ref::softmax_backward",
+                                                         {{"y", &y}, {"dy", &dy}, {"dx", &dx}}, true));
   return is_f64(y) ? softmax_backward_t<double>(y, dy, dx) : softmax_backward_t<float>(y, dy, dx);
 }
 
 Status embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& dtable) {
   TSR_RETURN_IF_ERROR(detail::check_embedding_backward("ref::embedding_backward", ids, dy, dtable, true));
-  return is_f64(dtable) ? embedding_backward_t<double>(ids, dy, dtable) : embedding_backward_t<float>(ids, dy, dtable);
+  return is_f64(dtable) ? embedding_backward_t<double>(ids, dy, dtable)
+                        : embedding_backward_t<float>(ids, dy, dtable);
 }
 
 Status cross_entropy(const Tensor& logits, const Tensor& targets, float label_smoothing, double* loss_sum,
                      int64_t* counted, Tensor* dlogits, float scale) {
   TSR_RETURN_IF_ERROR(
       detail::check_cross_entropy("ref::cross_entropy", logits, targets, label_smoothing, dlogits, true));
-  return is_f64(logits) ? cross_entropy_t<double>(logits, targets, label_smoothing, loss_sum, counted, dlogits, scale)
-                        : cross_entropy_t<float>(logits, targets, label_smoothing, loss_sum, counted, dlogits, scale);
+  return is_f64(logits)
+             ? cross_entropy_t<double>(logits, targets, label_smoothing, loss_sum, counted, dlogits, scale)
+             : cross_entropy_t<float>(logits, targets, label_smoothing, loss_sum, counted, dlogits, scale);
 }
 
 }  // namespace tessera::ref
