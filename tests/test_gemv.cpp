@@ -24,6 +24,7 @@
 #include "tessera/generate.h"
 #include "tessera/model.h"
 #include "tessera/ops.h"
+#include "test_util.h"
 
 using namespace tessera;
 
@@ -32,12 +33,7 @@ namespace {
 constexpr double kRel = 1e-5;
 const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu_erf, Activation::gelu_tanh};
 
-Tensor random_tensor(const Shape& s, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(static_cast<size_t>(s.numel()));
-  for (float& f : v) f = u(rng);
-  return Tensor::from_vector(s, v);
-}
+using testing_util::random_tensor;
 
 Tensor bf16_rounded(const Tensor& t) { return t.to(DType::bf16).to(DType::f32); }
 

@@ -27,6 +27,7 @@
 
 #include "dnnl/engine.h"  // core/src: the primitive cache and Linear counters
 #include "tessera/ops.h"
+#include "test_util.h"
 
 using namespace tessera;
 
@@ -39,12 +40,8 @@ const int64_t kOdd[] = {1, 3, 7, 17, 33, 65, 100, 129};
 
 int64_t odd(std::mt19937& rng) { return kOdd[rng() % (sizeof(kOdd) / sizeof(kOdd[0]))]; }
 
-Tensor random_tensor(const Shape& s, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(static_cast<size_t>(s.numel()));
-  for (float& f : v) f = u(rng);
-  return Tensor::from_vector(s, v);
-}
+using testing_util::random_tensor;
+using testing_util::SameRefusal;
 
 // The same values rounded to bf16, held as f32 (what the fast path computes with in bf16 mode).
 Tensor bf16_rounded(const Tensor& t) { return t.to(DType::bf16).to(DType::f32); }
@@ -96,20 +93,6 @@ double matmul_factor(int64_t K, double eps = kEpsF32) {
 
 ::testing::AssertionResult AllEqual(const Tensor& got, const Tensor& want) {
   return AllClose(got, want, Tensor::zeros(want.shape()), 0.0);
-}
-
-// Both refuse, with the same code and the same message once the op's own name is cut off
-// ("ops::softmax: x is undefined" vs "ref::softmax: x is undefined").
-::testing::AssertionResult SameRefusal(const Status& fast, const Status& ref) {
-  if (fast.ok() || ref.ok())
-    return ::testing::AssertionFailure()
-           << "expected both to fail; fast: '" << fast.message() << "', ref: '" << ref.message() << "'";
-  auto tail = [](const std::string& m) { return m.substr(m.find(": ") + 2); };
-  if (fast.code() != ref.code() || tail(fast.message()) != tail(ref.message()))
-    return ::testing::AssertionFailure()
-           << "fast: " << code_name(fast.code()) << " '" << fast.message()
-           << "'\n ref: " << code_name(ref.code()) << " '" << ref.message() << "'";
-  return ::testing::AssertionSuccess();
 }
 
 const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu_erf, Activation::gelu_tanh};

@@ -1,8 +1,17 @@
-// Small helpers shared by the test suites: bytes of a tensor, hex decoding of fixture data.
+// Small helpers shared by the test suites: bytes of a tensor, hex decoding of fixture data,
+// random tensors, relative errors and the comparison of two ops' refusals.
 #pragma once
 
-#include <string>
+#include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tessera/status.h"
 #include "tessera/tensor.h"
 
 namespace tessera::testing_util {
@@ -17,6 +26,61 @@ inline std::string hex_decode(const std::string& hex) {
 // The raw bytes of a contiguous tensor.
 inline std::string bytes_of(const Tensor& t) {
   return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
+}
+
+// f32 (s), uniform in [lo, hi), drawn from rng.
+inline Tensor random_tensor(const Shape& s, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (float& f : v) f = u(rng);
+  return Tensor::from_vector(s, v);
+}
+
+// A float tensor's values in row-major order, in double (exact for f64, unlike Tensor::at).
+inline std::vector<double> values_of(const Tensor& t) {
+  if (t.dtype() == DType::f64) {
+    const Tensor c = t.contiguous();
+    return std::vector<double>(c.data<double>(), c.data<double>() + c.numel());
+  }
+  const std::vector<float> f = t.to_vector();
+  return std::vector<double>(f.begin(), f.end());
+}
+
+// max |got - want| / max |want|: an error relative to the result's scale, the measure for a
+// gradient whose entries range over magnitudes. The scale is over want's finite entries, and the
+// error absolute where they are all zeros; +inf when the shapes differ or exactly one side has a
+// NaN at some element.
+inline double max_rel_error(const Tensor& got, const Tensor& want) {
+  if (got.shape() != want.shape()) return std::numeric_limits<double>::infinity();
+  const std::vector<double> g = values_of(got), w = values_of(want);
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(g[i]) != std::isnan(w[i])) return std::numeric_limits<double>::infinity();
+    if (std::isnan(g[i])) continue;
+    diff = std::max(diff, g[i] == w[i] ? 0.0 : std::fabs(g[i] - w[i]));  // equal infinities: 0
+    if (std::isfinite(w[i])) scale = std::max(scale, std::fabs(w[i]));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
+// st.ok(), or a failure that shows st's message.
+inline ::testing::AssertionResult IsOk(const Status& st) {
+  if (st.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << code_name(st.code()) << ": " << st.message();
+}
+
+// Both refuse, with the same code and the same message once the op's own name is cut off
+// ("ops::softmax: x is undefined" vs "ref::softmax: x is undefined").
+inline ::testing::AssertionResult SameRefusal(const Status& fast, const Status& ref) {
+  if (fast.ok() || ref.ok())
+    return ::testing::AssertionFailure()
+           << "expected both to fail; fast: '" << fast.message() << "', ref: '" << ref.message() << "'";
+  auto tail = [](const std::string& m) { return m.substr(m.find(": ") + 2); };
+  if (fast.code() != ref.code() || tail(fast.message()) != tail(ref.message()))
+    return ::testing::AssertionFailure()
+           << "fast: " << code_name(fast.code()) << " '" << fast.message()
+           << "'\n ref: " << code_name(ref.code()) << " '" << ref.message() << "'";
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace tessera::testing_util

@@ -187,4 +187,197 @@ Status bad_id(const char* op, int64_t position, int64_t id, int64_t vocab) {
                             "the model's stem.vocab_size)");
 }
 
+// ---------------------------------------------------------------------------------------------
+// The training ops
+
+namespace {
+std::string dims(std::initializer_list<int64_t> d) {
+  std::string s = "(";
+  for (int64_t x : d) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
+  return s + ")";
+}
+Status shape_is(const char* op, const char* name, const Tensor& t, std::initializer_list<int64_t> want) {
+  if (t.shape() != Shape(want))
+    return Status::Invalid(std::string(op) + ": " + name + " " + t.describe() + " should be " + dims(want));
+  return Status::Ok();
+}
+// Per-row statistics (mean, rstd) of x (..., C): contiguous, (rows) or x's shape without C.
+Status check_row_stats(const char* op, const char* name, const Tensor& t, const Tensor& x) {
+  const int64_t R = x.numel() / x.dim(-1);
+  const Shape lead(std::vector<int64_t>(x.shape().begin(), x.shape().end() - 1));
+  if (!t.is_contiguous() || (t.shape() != Shape{R} && t.shape() != lead))
+    return Status::Invalid(std::string(op) + ": " + name + " " + t.describe() + " should be contiguous (" +
+                           std::to_string(R) + "), one value per row of x " + x.describe());
+  return Status::Ok();
+}
+// x (..., C) with C >= 1; returns C through *C.
+Status check_rows(const char* op, const Tensor& x, int64_t* C) {
+  if (x.rank() < 1 || x.dim(-1) == 0)
+    return Status::Invalid(std::string(op) + ": x must have a non-empty last axis, got " + x.describe());
+  *C = x.dim(-1);
+  return Status::Ok();
+}
+}  // namespace
+
+Status check_training_dtypes(const char* op, std::initializer_list<NamedTensor> ts, bool f64_ok) {
+  const NamedTensor* first = nullptr;
+  for (const NamedTensor& t : ts) {
+    if (!t.second) continue;
+    TSR_RETURN_IF_ERROR(need_defined(op, t.first, *t.second));
+    const DType d = t.second->dtype();
+    if (d != DType::f32 && !(f64_ok && d == DType::f64))
+      return Status::Invalid(std::string(op) + ": " + t.first + " must be " +
+                             (f64_ok ? "f32 or f64" : "f32") + ", got " + t.second->describe() +
+                             (d == DType::f64 ? " (f64 is for the reference loops, tessera::ref)" : ""));
+    if (!first) {
+      first = &t;
+    } else if (d != first->second->dtype()) {
+      return Status::Invalid(std::string(op) + ": " + t.first + " is " + t.second->describe() + " but " +
+                             first->first + " is " + first->second->describe() +
+                             ": every tensor of one call must be f32, or every one f64");
+    }
+  }
+  return Status::Ok();
+}
+
+Status check_elementwise_training(const char* op, std::initializer_list<NamedTensor> ts, bool f64_ok) {
+  TSR_RETURN_IF_ERROR(check_training_dtypes(op, ts, f64_ok));
+  const NamedTensor& first = *ts.begin();
+  if (first.second->rank() < 1)
+    return Status::Invalid(std::string(op) + ": " + first.first + " needs rank >= 1, got a scalar");
+  for (const NamedTensor& t : ts)
+    if (t.second->shape() != first.second->shape())
+      return Status::Invalid(std::string(op) + ": " + t.first + " " + t.second->describe() +
+                             " does not match " + first.first + " " + first.second->describe());
+  return Status::Ok();
+}
+
+Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                          bool f64_ok) {
+  TSR_RETURN_IF_ERROR(check_training_dtypes(
+      op, {{"x", &x}, {"w", &w}, {"b", b.defined() ? &b : nullptr}, {"y", &y}}, f64_ok));
+  if (x.rank() != 2 || w.rank() != 2)
+    return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() +
+                           ", w " + w.describe());
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(1);
+  if (w.dim(0) != K)
+    return Status::Invalid(std::string(op) + ": x " + x.describe() + " has K = " + std::to_string(K) +
+                           " but w " + w.describe() + " has K = " + std::to_string(w.dim(0)));
+  if (b.defined()) TSR_RETURN_IF_ERROR(shape_is(op, "b", b, {N}));
+  return shape_is(op, "y", y, {M, N});
+}
+
+Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy,
+                             const Tensor* dx, const Tensor* dw, const Tensor* db, bool f64_ok) {
+  TSR_RETURN_IF_ERROR(check_training_dtypes(
+      op, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"dx", dx}, {"dw", dw}, {"db", db}}, f64_ok));
+  if (x.rank() != 2 || w.rank() != 2)
+    return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() +
+                           ", w " + w.describe());
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(1);
+  if (w.dim(0) != K)
+    return Status::Invalid(std::string(op) + ": x " + x.describe() + " has K = " + std::to_string(K) +
+                           " but w " + w.describe() + " has K = " + std::to_string(w.dim(0)));
+  TSR_RETURN_IF_ERROR(shape_is(op, "dy", dy, {M, N}));
+  if (dx) TSR_RETURN_IF_ERROR(shape_is(op, "dx", *dx, {M, K}));
+  if (dw) TSR_RETURN_IF_ERROR(shape_is(op, "dw", *dw, {K, N}));
+  if (db) TSR_RETURN_IF_ERROR(shape_is(op, "db", *db, {N}));
+  return Status::Ok();
+}
+
+Status check_activation_backward(const char* op, Activation act, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx, bool f64_ok) {
+  if (act != Activation::none && act != Activation::relu && act != Activation::gelu_erf &&
+      act != Activation::gelu_tanh)
+    return Status::Invalid(std::string(op) + ": unknown activation " + std::to_string(static_cast<int>(act)));
+  return check_elementwise_training(op, {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, f64_ok);
+}
+
+Status check_layer_norm_train(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float eps, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                              bool f64_ok) {
+  TSR_RETURN_IF_ERROR(check_training_dtypes(
+      op, {{"x", &x}, {"gamma", &gamma}, {"beta", &beta}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}},
+      f64_ok));
+  int64_t C = 0;
+  TSR_RETURN_IF_ERROR(check_rows(op, x, &C));
+  if (y.shape() != x.shape())
+    return Status::Invalid(std::string(op) + ": output " + y.describe() + " does not match input " +
+                           x.describe());
+  if (gamma.shape() != Shape{C} || beta.shape() != Shape{C})
+    return Status::Invalid(std::string(op) + ": gamma " + gamma.describe() + " and beta " + beta.describe() +
+                           " should be (" + std::to_string(C) + ")");
+  if (!(eps > 0.f))
+    return Status::Invalid(std::string(op) + ": eps must be > 0 (a constant row would divide by zero), got " +
+                           std::to_string(eps));
+  TSR_RETURN_IF_ERROR(check_row_stats(op, "mean", mean, x));
+  return check_row_stats(op, "rstd", rstd, x);
+}
+
+Status check_layer_norm_backward(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& dy, const Tensor* dx, const Tensor* dgamma,
+                                 const Tensor* dbeta, bool f64_ok) {
+  TSR_RETURN_IF_ERROR(check_training_dtypes(op,
+                                            {{"x", &x},
+                                             {"gamma", &gamma},
+                                             {"mean", &mean},
+                                             {"rstd", &rstd},
+                                             {"dy", &dy},
+                                             {"dx", dx},
+                                             {"dgamma", dgamma},
+                                             {"dbeta", dbeta}},
+                                            f64_ok));
+  int64_t C = 0;
+  TSR_RETURN_IF_ERROR(check_rows(op, x, &C));
+  TSR_RETURN_IF_ERROR(shape_is(op, "gamma", gamma, {C}));
+  TSR_RETURN_IF_ERROR(check_row_stats(op, "mean", mean, x));
+  TSR_RETURN_IF_ERROR(check_row_stats(op, "rstd", rstd, x));
+  for (const auto& [name, t] : {NamedTensor{"dy", &dy}, NamedTensor{"dx", dx}})
+    if (t && t->shape() != x.shape())
+      return Status::Invalid(std::string(op) + ": " + name + " " + t->describe() + " does not match x " +
+                             x.describe());
+  if (dgamma) TSR_RETURN_IF_ERROR(shape_is(op, "dgamma", *dgamma, {C}));
+  if (dbeta) TSR_RETURN_IF_ERROR(shape_is(op, "dbeta", *dbeta, {C}));
+  return Status::Ok();
+}
+
+Status check_embedding_backward(const char* op, const Tensor& ids, const Tensor& dy, const Tensor& dtable,
+                                bool f64_ok) {
+  TSR_RETURN_IF_ERROR(need_defined(op, "ids", ids));
+  if (ids.dtype() != DType::i32)
+    return Status::Invalid(std::string(op) + ": ids must be i32, got " + ids.describe());
+  TSR_RETURN_IF_ERROR(check_training_dtypes(op, {{"dy", &dy}, {"dtable", &dtable}}, f64_ok));
+  if (dtable.rank() != 2)
+    return Status::Invalid(std::string(op) + ": dtable must be (V, C), got " + dtable.describe());
+  const int64_t C = dtable.dim(1);
+  if (dy.rank() < 1 || dy.dim(-1) != C || dy.numel() != ids.numel() * C)
+    return Status::Invalid(std::string(op) + ": dy " + dy.describe() + " should be ids " + ids.shape().str() +
+                           " x " + std::to_string(C) + " for dtable " + dtable.describe());
+  return Status::Ok();
+}
+
+Status check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, float label_smoothing,
+                           const Tensor* dlogits, bool f64_ok) {
+  TSR_RETURN_IF_ERROR(check_training_dtypes(op, {{"logits", &logits}, {"dlogits", dlogits}}, f64_ok));
+  if (logits.rank() != 2 || logits.dim(1) == 0)
+    return Status::Invalid(std::string(op) + ": logits must be (N, V) with V >= 1, got " + logits.describe());
+  const int64_t N = logits.dim(0), V = logits.dim(1);
+  TSR_RETURN_IF_ERROR(need_defined(op, "targets", targets));
+  if (targets.dtype() != DType::i32 || targets.shape() != Shape{N})
+    return Status::Invalid(std::string(op) + ": targets should be i32 (" + std::to_string(N) +
+                           ") for logits " + logits.describe() + ", got " + targets.describe());
+  if (dlogits) TSR_RETURN_IF_ERROR(shape_is(op, "dlogits", *dlogits, {N, V}));
+  if (!(label_smoothing >= 0.f && label_smoothing < 1.f))
+    return Status::Invalid(std::string(op) + ": label_smoothing must be in [0, 1), got " +
+                           std::to_string(label_smoothing));
+  const Tensor tc = targets.contiguous();
+  const int32_t* t = tc.data<int32_t>();
+  for (int64_t i = 0; i < N; ++i)
+    if (t[i] < -1 || t[i] >= V)
+      return Status::OutOfRange(std::string(op) + ": target " + std::to_string(t[i]) + " at row " +
+                                std::to_string(i) + " is outside [-1, " + std::to_string(V) + ") (" +
+                                std::to_string(V) + " classes; -1 marks a row without loss)");
+  return Status::Ok();
+}
+
 }  // namespace tessera::detail

@@ -2,7 +2,9 @@
 // refuse the same inputs with the same messages. Private to core/src.
 #pragma once
 
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "tessera/ops.h"
 
@@ -21,5 +23,29 @@ Status check_merge_heads(const char* op, const Tensor& x, const Tensor& y);
 Status check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                        bool causal, const int32_t* key_lo, const int32_t* key_hi);
 Status bad_id(const char* op, int64_t position, int64_t id, int64_t vocab);
+
+// The training ops (ops.h, "Training"). Their tensors are f32; the reference loops (f64_ok) also
+// take f64, every float tensor of one call the same dtype. Gradients passed as null are skipped.
+using NamedTensor = std::pair<const char*, const Tensor*>;
+Status check_training_dtypes(const char* op, std::initializer_list<NamedTensor> ts, bool f64_ok);
+// The dtype rule, and every tensor of the first one's shape, which has at least one axis.
+Status check_elementwise_training(const char* op, std::initializer_list<NamedTensor> ts, bool f64_ok);
+Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                          bool f64_ok);
+Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy,
+                             const Tensor* dx, const Tensor* dw, const Tensor* db, bool f64_ok);
+Status check_activation_backward(const char* op, Activation act, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx, bool f64_ok);
+Status check_layer_norm_train(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float eps, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                              bool f64_ok);
+Status check_layer_norm_backward(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& dy, const Tensor* dx, const Tensor* dgamma,
+                                 const Tensor* dbeta, bool f64_ok);
+Status check_embedding_backward(const char* op, const Tensor& ids, const Tensor& dy, const Tensor& dtable,
+                                bool f64_ok);
+// Shapes, dtypes, ε, and every target in [-1, V) (the first one outside is named with its row).
+Status check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, float label_smoothing,
+                           const Tensor* dlogits, bool f64_ok);
 
 }  // namespace tessera::detail

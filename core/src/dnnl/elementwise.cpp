@@ -10,20 +10,6 @@ namespace tessera::ops {
 
 using dnnl::memory;
 
-namespace {
-
-// `t` itself when dense f32 and either the same view as `y` or apart from it; else a dense f32
-// copy in `slot`.
-Tensor dense_input(const Tensor& t, const Tensor& y, onednn::Slot slot) {
-  if (onednn::is_dense_f32(t) && (onednn::same_view(t, y) || !onednn::overlaps(t, y))) return t;
-  Tensor c = onednn::scratch_tensor(slot, t.shape(), DType::f32);
-  onednn::convert(t, c);
-  return c;
-}
-
-
-}  // namespace
-
 Status add(const Tensor& a, const Tensor& b, Tensor& y) {
   static constexpr const char* op = "ops::add";
   TSR_RETURN_IF_ERROR(detail::check_add_shapes(op, a, b, y));
@@ -33,7 +19,8 @@ Status add(const Tensor& a, const Tensor& b, Tensor& y) {
   return onednn::guarded(op, shapes, [&]() -> Status {
     const bool y_direct = onednn::is_dense_f32(y);
     Tensor out = y_direct ? y : onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
-    const Tensor A = dense_input(a, out, onednn::Slot::a), B = dense_input(b, out, onednn::Slot::b);
+    const Tensor A = onednn::dense_input(a, out, onednn::Slot::a),
+                 B = onednn::dense_input(b, out, onednn::Slot::b);
     // b repeats every m elements: a as (n / m, m) rows, b as one row (1, m) broadcast over them.
     const int64_t n = A.numel(), m = B.numel();
     const auto prim = onednn::cached(onednn::Key("add") << n << m, [&] {
@@ -70,7 +57,7 @@ Status activation(Activation act, const Tensor& x, Tensor& y) {
   return onednn::guarded(op, shapes, [&]() -> Status {
     const bool y_direct = onednn::is_dense_f32(y);
     Tensor out = y_direct ? y : onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
-    const Tensor in = dense_input(x, out, onednn::Slot::a);
+    const Tensor in = onednn::dense_input(x, out, onednn::Slot::a);
     const int64_t n = x.numel();
     const auto prim = onednn::cached(onednn::Key("eltwise") << static_cast<int64_t>(act) << n, [&] {
       // memory descriptor: the elements as one dense run; eltwise needs no shape

@@ -430,6 +430,20 @@ void convert(const Tensor& src, Tensor& dst, bool round_bf16) {
   }
 }
 
+Tensor dense_f32(const Tensor& t, Slot slot) {
+  if (is_dense_f32(t)) return t;
+  Tensor c = scratch_tensor(slot, t.shape(), DType::f32);
+  convert(t, c);
+  return c;
+}
+
+Tensor dense_input(const Tensor& t, const Tensor& out, Slot slot) {
+  if (is_dense_f32(t) && (same_view(t, out) || !overlaps(t, out))) return t;
+  Tensor c = scratch_tensor(slot, t.shape(), DType::f32);
+  convert(t, c);
+  return c;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 

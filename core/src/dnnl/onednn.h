@@ -135,8 +135,23 @@ bool overlaps(const Tensor& a, const Tensor& b);   // their byte ranges intersec
 // even), also into an f32 destination. Parallel over rows.
 void convert(const Tensor& src, Tensor& dst, bool round_bf16 = false);
 
+// `t` itself when it is dense f32, else a dense f32 copy in `slot`.
+Tensor dense_f32(const Tensor& t, Slot slot);
+// `t` itself when it is dense f32 and either the same view as `out` (an op in place) or apart
+// from it; else a dense f32 copy in `slot`. For an op's input that it reads while writing out.
+Tensor dense_input(const Tensor& t, const Tensor& out, Slot slot);
+
 // The eltwise algorithm of an activation; undef for Activation::none.
 dnnl::algorithm eltwise_alg(Activation a);
+
+// ---------------------------------------------------------------------------------------------
+// Shared op bodies
+
+// c = alpha · a · b [+ bias] [+ c]: ops::matmul's product (the caller checked the shapes), with a
+// bias (N) added to every row (needs K > 0) and, with `accumulate`, added to what c holds (a sum
+// post-op). The products of the training ops: linear_plain, and linear_backward's dw +=.
+Status matmul(const char* op, const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c, float alpha,
+              bool accumulate);
 
 // ---------------------------------------------------------------------------------------------
 // Errors

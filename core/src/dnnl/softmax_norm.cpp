@@ -1,4 +1,5 @@
-// ops::softmax and ops::layer_norm over the last axis, as oneDNN primitives on (R, C) rows.
+// ops::softmax and ops::layer_norm (and layer_norm_train, which keeps the statistics) over the
+// last axis, as oneDNN primitives on (R, C) rows.
 // Each adds what oneDNN lacks: a softmax row with no value above -inf (fully masked) comes out
 // as zeros, where oneDNN would give -inf - -inf = NaN; a constant layer_norm row comes out as
 // exactly beta. Not here: masking itself (attention's job).
@@ -23,12 +24,7 @@ struct Rows {
 };
 Rows dense_rows(const Tensor& x, Tensor& y) {
   Rows r;
-  const bool x_ok = onednn::is_dense_f32(x) && (onednn::same_view(x, y) || !onednn::overlaps(x, y));
-  r.in = x;
-  if (!x_ok) {
-    r.in = onednn::scratch_tensor(onednn::Slot::a, x.shape(), DType::f32);
-    onednn::convert(x, r.in);
-  }
+  r.in = onednn::dense_input(x, y, onednn::Slot::a);
   r.out = y;
   if (!onednn::is_dense_f32(y)) {
     r.out = onednn::scratch_tensor(onednn::Slot::out, y.shape(), DType::f32);
@@ -102,9 +98,13 @@ Status softmax(const Tensor& x, Tensor& y) {
   });
 }
 
-Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
-  static constexpr const char* op = "ops::layer_norm";
-  TSR_RETURN_IF_ERROR(detail::check_layer_norm_shapes(op, x, gamma, beta, eps, y));
+namespace {
+
+// layer_norm over (R, C) rows; with mean and rstd (contiguous f32 (R), checked) also each row's
+// statistics, for training: oneDNN keeps the variance, written into rstd and turned into
+// 1/sqrt(var + eps) there afterwards.
+Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                       Tensor& y, Tensor* mean, Tensor* rstd) {
   if (x.numel() == 0) return Status::Ok();
   onednn::apply_threads();
   auto shapes = [&] { return onednn::describe({&x, &gamma, &beta, &y}); };
@@ -112,22 +112,21 @@ Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     Rows rows = dense_rows(x, y);
     const memory::dims dims = rows_dims(x);
     const int64_t C = dims[1];
+    const bool train = mean != nullptr;
     // scale and shift: (C) f32, converted when bf16 or strided (C values, cheap)
-    auto channel = [&](const Tensor& t, onednn::Slot slot) {
-      if (t.dtype() == DType::f32 && (C == 1 || t.stride(0) == 1)) return t;
-      Tensor f = onednn::scratch_tensor(slot, {C}, DType::f32);
-      onednn::convert(t, f);
-      return f;
-    };
-    const Tensor g = channel(gamma, onednn::Slot::b), b = channel(beta, onednn::Slot::c);
+    const Tensor g = onednn::dense_f32(gamma, onednn::Slot::b), b = onednn::dense_f32(beta, onednn::Slot::c);
 
     // Constant rows (every entry the same finite value: padding, blank patches) normalise to
     // exactly beta. oneDNN's f32 statistics may leave a rounding error in x - mean there, which
     // 1/sqrt(eps) magnifies (eps = 1e-12 in BERT); so they are found first (before an in-place
-    // call overwrites x; a row usually differs at its second entry) and set to beta after.
+    // call overwrites x; a row usually differs at its second entry) and set to beta after. In
+    // training their statistics are set too, exactly: mean = the value (kept here), var = 0.
     const int64_t R = dims[0];
     const float* in = rows.in.data<float>();
-    auto* constant = static_cast<unsigned char*>(onednn::scratch(onednn::Slot::aux, static_cast<size_t>(R)));
+    const size_t flag_bytes = static_cast<size_t>((R + 63) / 64 * 64);
+    auto* constant = static_cast<unsigned char*>(onednn::scratch(
+        onednn::Slot::aux, flag_bytes + (train ? static_cast<size_t>(R) * sizeof(float) : 0)));
+    float* value = reinterpret_cast<float*>(constant + flag_bytes);
     int any_constant = 0;
 #pragma omp parallel for schedule(static) reduction(| : any_constant) if (R * C >= (1 << 16))
     for (int64_t r = 0; r < R; ++r) {
@@ -135,27 +134,38 @@ Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
       int64_t c = 1;
       while (c < C && row[c] == row[0]) ++c;
       constant[r] = c == C && std::isfinite(row[0]);
+      if (train) value[r] = row[0];
       any_constant |= constant[r];
     }
 
-    const auto prim = onednn::cached(onednn::Key("layer_norm") << dims[0] << C << eps, [&] {
-      // memory descriptors: dense (R, C) rows, (C) scale and shift
+    const dnnl::prop_kind prop =
+        train ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+    onednn::Key key("layer_norm");
+    key << dims[0] << C << eps << static_cast<int64_t>(train);
+    const auto prim = onednn::cached(key, [&] {
+      // memory descriptors: dense (R, C) rows, (C) scale and shift, (R) mean and variance
       const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
       const memory::desc cmd = onednn::dense_md({C}, memory::data_type::f32);
+      const memory::desc smd = onednn::dense_md({R}, memory::data_type::f32);
       // normalise over the last axis with this eps, then scale (gamma) and shift (beta)
-      const dnnl::layer_normalization_forward::desc d(
-          dnnl::prop_kind::forward_inference, md, eps,
-          dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
+      const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+      const auto d = train ? dnnl::layer_normalization_forward::desc(prop, md, smd, eps, flags)
+                           : dnnl::layer_normalization_forward::desc(prop, md, eps, flags);
       onednn::Prim p = onednn::make_prim<dnnl::layer_normalization_forward::primitive_desc,
                                          dnnl::layer_normalization_forward>(
           dnnl::layer_normalization_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
-      p.mds = {md, cmd};
+      p.mds = {md, cmd, smd};
       return p;
     });
-    onednn::execute(*prim, {{DNNL_ARG_SRC, 0, rows.in.raw_data()},
-                            {DNNL_ARG_DST, 0, rows.out.raw_data()},
-                            {DNNL_ARG_SCALE, 1, g.raw_data()},
-                            {DNNL_ARG_SHIFT, 1, b.raw_data()}});
+    onednn::Arg args[6] = {{DNNL_ARG_SRC, 0, rows.in.raw_data()},
+                           {DNNL_ARG_DST, 0, rows.out.raw_data()},
+                           {DNNL_ARG_SCALE, 1, g.raw_data()},
+                           {DNNL_ARG_SHIFT, 1, b.raw_data()}};
+    if (train) {
+      args[4] = {DNNL_ARG_MEAN, 2, mean->raw_data()};
+      args[5] = {DNNL_ARG_VARIANCE, 2, rstd->raw_data()};
+    }
+    onednn::execute(*prim, std::span<const onednn::Arg>(args, train ? 6 : 4));
     if (any_constant) {
       float* out = rows.out.data<float>();
       const float* shift = b.data<float>();
@@ -163,9 +173,35 @@ Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
       for (int64_t r = 0; r < R; ++r)
         if (constant[r]) std::memcpy(out + r * C, shift, static_cast<size_t>(C) * sizeof(float));
     }
+    if (train) {
+      float* mu = mean->data<float>();
+      float* rs = rstd->data<float>();  // the variance, until here
+      for (int64_t r = 0; r < R; ++r) {
+        if (constant[r]) {
+          mu[r] = value[r];
+          rs[r] = 0.f;
+        }
+        rs[r] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rs[r]) + eps));
+      }
+    }
     if (rows.copy_back) onednn::convert(rows.out, y);
     return Status::Ok();
   });
+}
+
+}  // namespace
+
+Status layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y) {
+  static constexpr const char* op = "ops::layer_norm";
+  TSR_RETURN_IF_ERROR(detail::check_layer_norm_shapes(op, x, gamma, beta, eps, y));
+  return layer_norm_rows(op, x, gamma, beta, eps, y, nullptr, nullptr);
+}
+
+Status layer_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd) {
+  static constexpr const char* op = "ops::layer_norm_train";
+  TSR_RETURN_IF_ERROR(detail::check_layer_norm_train(op, x, gamma, beta, eps, y, mean, rstd, false));
+  return layer_norm_rows(op, x, gamma, beta, eps, y, &mean, &rstd);
 }
 
 }  // namespace tessera::ops

@@ -11,20 +11,21 @@
 
 namespace tessera::ref {
 
-float activate(Activation act, float x) {
+double activate(Activation act, double x) {
   switch (act) {
     case Activation::none: return x;
-    case Activation::relu: return x > 0.f ? x : 0.f;
-    case Activation::gelu_erf:
-      return static_cast<float>(0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))));
+    case Activation::relu: return x > 0.0 ? x : 0.0;
+    case Activation::gelu_erf: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
     case Activation::gelu_tanh: {
       const double k = std::sqrt(2.0 / M_PI);
-      const double xd = x;
-      return static_cast<float>(0.5 * xd * (1.0 + std::tanh(k * (xd + 0.044715 * xd * xd * xd))));
+      return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
     }
   }
   return x;
 }
+
+// In double, rounded once.
+float activate(Activation act, float x) { return static_cast<float>(activate(act, static_cast<double>(x))); }
 
 Status linear(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
               const Tensor* residual, Tensor& y) {
@@ -76,27 +77,41 @@ Status matmul(const Tensor& a, const Tensor& b, Tensor& c, float alpha) {
   return Status::Ok();
 }
 
-Status softmax(const Tensor& x, Tensor& y) {
-  TSR_RETURN_IF_ERROR(detail::check_same_shape("ref::softmax", x, y));
-  if (x.rank() < 1) return Status::Invalid("ref::softmax: needs rank >= 1, got a scalar");
-  const int64_t C = x.dim(-1), R = x.numel() / std::max<int64_t>(C, 1);
-  const Tensor xf = x.to(DType::f32);
-  Tensor out = Tensor::empty(x.shape());
-  const float* xp = xf.data<float>();
-  float* op = out.data<float>();
+namespace {
+// Softmax of R dense rows of C, in double; a row with nothing above -inf gives zeros, not 0/0.
+template <class T>
+void softmax_rows(const T* x, T* y, int64_t R, int64_t C) {
   for (int64_t r = 0; r < R; ++r) {
-    const float* row = xp + r * C;
-    float mx = -std::numeric_limits<float>::infinity();
+    const T* row = x + r * C;
+    T mx = -std::numeric_limits<T>::infinity();
     for (int64_t c = 0; c < C; ++c) mx = std::max(mx, row[c]);
-    if (mx == -std::numeric_limits<float>::infinity()) {  // fully masked: zeros, not 0/0
-      for (int64_t c = 0; c < C; ++c) op[r * C + c] = 0.f;
+    if (mx == -std::numeric_limits<T>::infinity()) {
+      for (int64_t c = 0; c < C; ++c) y[r * C + c] = 0;
       continue;
     }
     double sum = 0.0;
     for (int64_t c = 0; c < C; ++c) sum += std::exp(static_cast<double>(row[c]) - mx);
     for (int64_t c = 0; c < C; ++c)
-      op[r * C + c] = static_cast<float>(std::exp(static_cast<double>(row[c]) - mx) / sum);
+      y[r * C + c] = static_cast<T>(std::exp(static_cast<double>(row[c]) - mx) / sum);
   }
+}
+}  // namespace
+
+// f32 and bf16 inputs as f32; f64 (x and y both) for gradient checks in double precision.
+Status softmax(const Tensor& x, Tensor& y) {
+  const bool f64 = (x.defined() && x.dtype() == DType::f64) || (y.defined() && y.dtype() == DType::f64);
+  if (f64) {
+    TSR_RETURN_IF_ERROR(detail::check_elementwise_training("ref::softmax", {{"x", &x}, {"y", &y}}, true));
+  } else {
+    TSR_RETURN_IF_ERROR(detail::check_same_shape("ref::softmax", x, y));
+    if (x.rank() < 1) return Status::Invalid("ref::softmax: needs rank >= 1, got a scalar");
+  }
+  const int64_t C = x.dim(-1), R = x.numel() / std::max<int64_t>(C, 1);
+  Tensor out = Tensor::empty(x.shape(), f64 ? DType::f64 : DType::f32);
+  if (f64)
+    softmax_rows(x.contiguous().data<double>(), out.data<double>(), R, C);
+  else
+    softmax_rows(x.to(DType::f32).data<float>(), out.data<float>(), R, C);
   y.copy_from(out);
   return Status::Ok();
 }
