@@ -83,4 +83,39 @@ inline ::testing::AssertionResult SameRefusal(const Status& fast, const Status& 
   return ::testing::AssertionSuccess();
 }
 
+// A tensor of this shape, f32 or f64, with values drawn uniformly from [lo, hi) in double (so an
+// f64 tensor's values are not f32 values widened).
+inline Tensor random_uniform(const Shape& shape, std::mt19937& rng, double lo = -1, double hi = 1,
+                             DType dtype = DType::f32) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  Tensor t = Tensor::empty(shape, DType::f64);
+  double* p = t.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = u(rng);
+  return dtype == DType::f64 ? t : t.to(dtype);
+}
+
+// max |a - b| over the elements of two tensors of one shape; NaN where any element is NaN (or the
+// sizes differ), so that a comparison with a tolerance fails.
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = values_of(a), y = values_of(b);
+  if (x.size() != y.size()) return NAN;
+  double m = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double d = std::fabs(x[i] - y[i]);
+    if (std::isnan(d)) return NAN;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+// max |a| over a tensor's elements; NaN where any is NaN.
+inline double max_abs(const Tensor& a) {
+  double m = 0.0;
+  for (double x : values_of(a)) {
+    if (std::isnan(x)) return NAN;
+    m = std::max(m, std::fabs(x));
+  }
+  return m;
+}
+
 }  // namespace tessera::testing_util

@@ -1,6 +1,11 @@
 // Argument checks shared by both op paths; each message names the op and the offending shape.
 #include "ops_common.h"
 
+#include <initializer_list>
+#include <string>
+#include <tuple>
+#include <utility>
+
 namespace tessera::detail {
 
 namespace {
@@ -8,6 +13,12 @@ bool is_float(const Tensor& t) { return t.dtype() == DType::f32 || t.dtype() == 
 Status need_defined(const char* op, const char* name, const Tensor& t) {
   if (!t.defined()) return Status::Invalid(std::string(op) + ": " + name + " is undefined");
   return Status::Ok();
+}
+// "(2, 3, 4)"
+std::string shape_text(std::initializer_list<int64_t> dims) {
+  std::string s = "(";
+  for (int64_t x : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
+  return s + ")";
 }
 Status need_float(const char* op, const char* name, const Tensor& t) {
   TSR_RETURN_IF_ERROR(need_defined(op, name, t));
@@ -143,40 +154,92 @@ Status check_merge_heads(const char* op, const Tensor& x, const Tensor& y) {
   return Status::Ok();
 }
 
-Status check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                       bool causal, const int32_t* key_lo, const int32_t* key_hi) {
+namespace {
+// sgemm reads (and writes) rows of a (B, H, rows, d) view: unit stride along d, rows that do not
+// overlap.
+Status need_rows(const char* op, const char* name, const Tensor& t) {
+  if ((t.dim(3) > 1 && t.stride(3) != 1) || (t.dim(2) > 1 && t.stride(2) < t.dim(3)))
+    return Status::Invalid(std::string(op) + ": " + name + " " + t.describe() +
+                           " needs unit stride along its last axis and rows that do not overlap");
+  return Status::Ok();
+}
+
+// What every attention op asks of q, k, v and out, all of dtype dt: (B, H, rows, d) views whose
+// rows sgemm can read, k and v matching q, out (B, H, T, dv), the causal and key-range rules.
+Status check_attention_as(const char* op, DType dt, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& out, bool causal, const int32_t* key_lo, const int32_t* key_hi) {
   const std::pair<const char*, const Tensor*> all[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}};
   for (const auto& [name, t] : all) {
     TSR_RETURN_IF_ERROR(need_defined(op, name, *t));
-    if (t->dtype() != DType::f32)
-      return Status::Invalid(std::string(op) + ": " + name + " must be f32, got " + t->describe());
+    if (t->dtype() != dt)
+      return Status::Invalid(std::string(op) + ": " + name + " must be " + dtype_name(dt) + ", got " +
+                             t->describe());
     if (t->rank() != 4)
       return Status::Invalid(std::string(op) + ": " + name + " must be (B, H, rows, d), got " + t->describe());
-    // sgemm reads rows: unit stride along d, rows that do not overlap.
-    if ((t->dim(3) > 1 && t->stride(3) != 1) || (t->dim(2) > 1 && t->stride(2) < t->dim(3)))
-      return Status::Invalid(std::string(op) + ": " + name + " " + t->describe() +
-                             " needs unit stride along its last axis and rows that do not overlap");
+    TSR_RETURN_IF_ERROR(need_rows(op, name, *t));
   }
   const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), S = k.dim(2);
-  auto shape = [](std::initializer_list<int64_t> d) {
-    std::string s = "(";
-    for (int64_t x : d) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
-    return s + ")";
-  };
   if (k.dim(0) != B || k.dim(1) != H || k.dim(3) != q.dim(3))
     return Status::Invalid(std::string(op) + ": k " + k.describe() + " should be " +
-                           shape({B, H, S, q.dim(3)}) + " for q " + q.describe());
+                           shape_text({B, H, S, q.dim(3)}) + " for q " + q.describe());
   if (v.dim(0) != B || v.dim(1) != H || v.dim(2) != S)
     return Status::Invalid(std::string(op) + ": v " + v.describe() + " should be " +
-                           shape({B, H, S, v.dim(3)}) + " for k " + k.describe());
+                           shape_text({B, H, S, v.dim(3)}) + " for k " + k.describe());
   if (out.dim(0) != B || out.dim(1) != H || out.dim(2) != T || out.dim(3) != v.dim(3))
     return Status::Invalid(std::string(op) + ": out " + out.describe() + " should be " +
-                           shape({B, H, T, v.dim(3)}));
+                           shape_text({B, H, T, v.dim(3)}));
   if (causal && S < T)
     return Status::Invalid(std::string(op) + ": causal attention needs at least as many keys as queries, got " +
                            std::to_string(S) + " keys for " + std::to_string(T) + " queries");
   if ((key_lo == nullptr) != (key_hi == nullptr))
     return Status::Invalid(std::string(op) + ": key ranges need both key_lo and key_hi, or neither");
+  return Status::Ok();
+}
+
+// The training ops' element type: f64 where the reference loops are given f64, else f32.
+DType attention_dtype(const Tensor& q, bool allow_f64) {
+  return allow_f64 && q.defined() && q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+}
+}  // namespace
+
+Status check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                       bool causal, const int32_t* key_lo, const int32_t* key_hi) {
+  return check_attention_as(op, DType::f32, q, k, v, out, causal, key_lo, key_hi);
+}
+
+Status check_attention_train(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, bool causal, const int32_t* key_lo,
+                             const int32_t* key_hi, bool allow_f64) {
+  const DType dt = attention_dtype(q, allow_f64);
+  TSR_RETURN_IF_ERROR(check_attention_as(op, dt, q, k, v, out, causal, key_lo, key_hi));
+  TSR_RETURN_IF_ERROR(need_defined(op, "lse", lse));
+  if (lse.dtype() != dt)
+    return Status::Invalid(std::string(op) + ": lse must be " + dtype_name(dt) + ", got " + lse.describe());
+  if (lse.rank() != 3 || lse.dim(0) != q.dim(0) || lse.dim(1) != q.dim(1) || lse.dim(2) != q.dim(2))
+    return Status::Invalid(std::string(op) + ": lse " + lse.describe() + " should be " +
+                           shape_text({q.dim(0), q.dim(1), q.dim(2)}) + " for q " + q.describe());
+  return Status::Ok();
+}
+
+Status check_attention_backward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                const Tensor& dk, const Tensor& dv, bool causal, const int32_t* key_lo,
+                                const int32_t* key_hi, bool allow_f64) {
+  TSR_RETURN_IF_ERROR(check_attention_train(op, q, k, v, out, lse, causal, key_lo, key_hi, allow_f64));
+  const DType dt = q.dtype();
+  // Each gradient has its forward twin's shape and, like it, rows sgemm can read or write.
+  const std::tuple<const char*, const Tensor*, const Tensor*> grads[] = {
+      {"dout", &dout, &out}, {"dq", &dq, &q}, {"dk", &dk, &k}, {"dv", &dv, &v}};
+  for (const auto& [name, g, like] : grads) {
+    TSR_RETURN_IF_ERROR(need_defined(op, name, *g));
+    if (g->dtype() != dt)
+      return Status::Invalid(std::string(op) + ": " + name + " must be " + dtype_name(dt) + ", got " +
+                             g->describe());
+    if (g->shape() != like->shape())
+      return Status::Invalid(std::string(op) + ": " + name + " " + g->describe() + " should be " +
+                             like->shape().str());
+    TSR_RETURN_IF_ERROR(need_rows(op, name, *g));
+  }
   return Status::Ok();
 }
 

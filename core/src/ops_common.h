@@ -22,6 +22,16 @@ Status check_split_heads(const char* op, const Tensor& x, int64_t n_heads, const
 Status check_merge_heads(const char* op, const Tensor& x, const Tensor& y);
 Status check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                        bool causal, const int32_t* key_lo, const int32_t* key_hi);
+// check_attention for the training ops, with lse (B, H, T) and, for the backward, dout like out and
+// dq, dk, dv like q, k, v (rows sgemm can write). Every tensor f32, or, where allow_f64 (the
+// reference loops), every tensor f64.
+Status check_attention_train(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, bool causal, const int32_t* key_lo,
+                             const int32_t* key_hi, bool allow_f64);
+Status check_attention_backward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                const Tensor& dk, const Tensor& dv, bool causal, const int32_t* key_lo,
+                                const int32_t* key_hi, bool allow_f64);
 Status bad_id(const char* op, int64_t position, int64_t id, int64_t vocab);
 
 // The training ops (ops.h, "Training"). Their tensors are f32; the reference loops (f64_ok) also
