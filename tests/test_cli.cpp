@@ -15,8 +15,10 @@
 #include <regex>
 #include <sstream>
 
+#include "tessera/config.h"
 #include "tessera/npy.h"
 #include "tessera/safetensors.h"
+#include "tessera/train.h"
 
 namespace {
 
@@ -434,7 +436,7 @@ TEST(Cli, TokenizeShowsEachRecordOfAFastaFile) {
 
 TEST(Cli, HelpForEverySubcommand) {
   for (const char* sub : {"check", "explain", "forward", "bench", "export", "schema", "version", "search",
-                          "generate"}) {
+                          "generate", "grad"}) {
     const Ran r = run_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_TRUE(has(r.out, "Usage")) << sub << ": " << r.out;
@@ -865,4 +867,41 @@ TEST(Cli, BenchMeasuresTheMachinesPeaksAndTheDecodeBound) {
   // position table.
   EXPECT_GT(j["decode_weight_bytes_per_step"].get<int64_t>(), 0);
   std::remove(json.c_str());
+}
+
+// `tessera grad` writes the loss and every parameter's gradient under the parameter's own name,
+// the same numbers compute_gradients gives in-process; a classifier needs its item's --label.
+TEST(Cli, GradWritesEveryParametersGradientByName) {
+  const std::string out = ::testing::TempDir() + "tessera_cli_grad." + std::to_string(getpid());
+  const Ran r = run_cli("grad tests/data/grad/gpt2.yaml --ids 3,1,4,1,5,9 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "(next-token cross-entropy, over 5 rows)")) << r.out;
+  EXPECT_TRUE(has(r.out, "blocks.1.ffn.w1 (16, 32)")) << r.out;
+  auto file = tessera::safetensors::File::open(out + "/grad.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+
+  tessera::Diagnostics diags;
+  auto exp = tessera::load_experiment(kSrc + "tests/data/grad/gpt2.yaml", {}, &diags);
+  ASSERT_TRUE(exp) << diags.str();
+  auto params = tessera::Parameters::resolve(exp->model);
+  ASSERT_TRUE(params.ok());
+  const tessera::Parameters p = params->clone();
+  tessera::Parameters grads = p.zeros_like();
+  const tessera::Batch batch = tessera::Batch::from_ids({3, 1, 4, 1, 5, 9});
+  tessera::Targets targets;
+  targets.tokens = tessera::next_token_targets(batch);
+  auto loss = tessera::compute_gradients(exp->model, p, batch, targets, &grads);
+  ASSERT_TRUE(loss.ok()) << loss.status().message();
+  EXPECT_EQ(file->tensors().size(), grads.size() + 1);
+  for (const auto& [name, g] : grads) {
+    auto t = file->get(name);
+    ASSERT_TRUE(t.ok()) << name;
+    EXPECT_EQ(t->to_vector(), g.to_vector()) << name;
+  }
+  EXPECT_FLOAT_EQ(file->get("loss")->to_vector()[0], static_cast<float>(loss->loss));
+  std::filesystem::remove_all(out);
+
+  const Ran c = run_cli("grad tests/data/grad/vit.yaml --out " + out);
+  EXPECT_EQ(c.code, 2);
+  EXPECT_TRUE(has(c.err, "give the item's class with --label N (0 <= N < 3)")) << c.err;
 }

@@ -6,8 +6,8 @@
 // This suite proves that the PyTorch side computes Tessera's model: Tessera's forward, on the
 // reference loops and on the fast path, gives the fixtures' hidden rows and logits (and so the
 // same loss), and the files hold exactly the parameters Tessera asks for, each with a gradient.
-// The gradients themselves are checked once Tessera has a backward pass: GradFixture below is the
-// loader those checks share.
+// Then the gradients: Tessera's backward (compute_gradients, tessera/train.h) against autograd's,
+// for every parameter of every case.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -281,6 +281,9 @@ TEST_P(GradFixturesCase, GradientsMatchAutograd) {
     Result<LossValue> r = compute_gradients(f->model, params, f->batch, targets, &grads, opt);
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_NEAR(r->loss, f->loss, kRelTol * std::max(1.0, std::fabs(static_cast<double>(f->loss))));
+    // The training forward (plain weights, nothing fused) computes what the inference forward does.
+    const Diff h = compare_rows(r->outputs.hidden, f->hidden, *f);
+    EXPECT_LE(h.rel(), kRelTol) << "hidden: max |diff| " << h.max_abs << " at scale " << h.scale;
     double worst = 0;
     std::string worst_name;
     auto check = [&](const std::string& name, const Tensor& actual) {
@@ -311,6 +314,52 @@ TEST_P(GradFixturesCase, GradientsMatchAutograd) {
 
 INSTANTIATE_TEST_SUITE_P(GradFixtures, GradFixturesCase, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return info.param; });
+
+// What compute_gradients cannot use is refused with a message that says what to do.
+TEST(GradFixtures, RefusesWhatItCannotTrain) {
+  auto f = load_grad_fixture("gpt2");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  auto resolved = Parameters::resolve(f->model);
+  ASSERT_TRUE(resolved.ok());
+  Targets t;
+  t.tokens = f->targets;
+  const Parameters params = resolved->clone();
+  Parameters grads = params.zeros_like();
+
+  std::vector<Parameters::Entry> half(params.begin(), params.end());
+  half[0].second = half[0].second.to(DType::bf16);
+  Result<LossValue> r = compute_gradients(f->model, Parameters(half), f->batch, t, &grads);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("parameter \"stem.embed\" is bf16"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("Parameters::clone"), std::string::npos);
+
+  std::vector<Parameters::Entry> fewer(grads.begin(), grads.end());
+  fewer.pop_back();
+  Parameters short_grads(fewer);
+  r = compute_gradients(f->model, params, f->batch, t, &short_grads);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the gradients lack \"final_norm.beta\""), std::string::npos)
+      << r.status().message();
+
+  Targets labels;
+  labels.labels = Tensor::from_ids({f->batch.batch_size()}, std::vector<int32_t>(f->batch.batch_size(), 0));
+  r = compute_gradients(f->model, params, f->batch, labels, &grads);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "training: labels need a classifier head");
+
+  Targets wrong;
+  wrong.tokens = Tensor::zeros({1, 2}, DType::i32);
+  r = compute_gradients(f->model, params, f->batch, wrong, &grads);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("token targets must be"), std::string::npos) << r.status().message();
+
+  Targets bad_id = t;
+  bad_id.tokens = f->targets.clone();
+  bad_id.tokens.data<int32_t>()[0] = 999;
+  r = compute_gradients(f->model, params, f->batch, bad_id, &grads);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("999"), std::string::npos) << r.status().message();
+}
 
 // Every case in the folder is one of kCases, so that a new fixture cannot go untested.
 TEST(GradFixtures, EveryCaseIsTested) {

@@ -31,6 +31,12 @@ int run_grad(const GradArgs& a) {
   std::optional<Experiment> exp = load(a.file, a.overrides);
   if (!exp) return kExitBadInput;
   const ModelConfig& c = exp->model;
+  if (c.head.kind == HeadKind::classifier && (a.label < 0 || a.label >= c.head.n_classes)) {
+    std::fprintf(stderr, "tessera grad: the model is a classifier of %lld classes: give the item's class with "
+                         "--label N (0 <= N < %lld)\n",
+                 static_cast<long long>(c.head.n_classes), static_cast<long long>(c.head.n_classes));
+    return kExitBadInput;
+  }
   std::optional<Batch> batch = input_batch(*exp, a.ids, a.rows);
   if (!batch) return kExitBadInput;
   Result<Parameters> resolved = Parameters::resolve(c);
@@ -46,12 +52,6 @@ int run_grad(const GradArgs& a) {
     targets.tokens = next_token_targets(*batch);
     loss_name = "next-token cross-entropy";
   } else if (c.head.kind == HeadKind::classifier) {
-    if (a.label < 0 || a.label >= c.head.n_classes) {
-      std::fprintf(stderr, "tessera grad: the model is a classifier of %lld classes: give the item's class with "
-                           "--label N (0 <= N < %lld)\n",
-                   static_cast<long long>(c.head.n_classes), static_cast<long long>(c.head.n_classes));
-      return kExitBadInput;
-    }
     targets.labels = Tensor::from_ids({batch->batch_size()}, std::vector<int32_t>(static_cast<size_t>(batch->batch_size()), a.label));
     loss_name = "cross-entropy against --label";
   } else {
@@ -60,7 +60,12 @@ int run_grad(const GradArgs& a) {
       std::fprintf(stderr, "tessera grad: %s\n", m.status().message().c_str());
       return kExitBadInput;
     }
-    targets.probe = Tensor::full({batch->batch_size(), m->rows_for(batch->seq_len()), c.d_model}, 1.f);
+    Outputs out;  // the final rows' shape: (B, T', C), or the heads' width for one bare attention layer
+    if (Status st = m->forward(*batch, {}, &out); !st.ok()) {
+      std::fprintf(stderr, "tessera grad: %s\n", st.message().c_str());
+      return kExitFailure;
+    }
+    targets.probe = Tensor::full(out.hidden.shape(), 1.f);
     loss_name = "sum of the final rows";
   }
   Parameters grads = params.zeros_like();
@@ -85,8 +90,9 @@ int run_grad(const GradArgs& a) {
     std::fprintf(stderr, "tessera grad: %s\n", st.message().c_str());
     return kExitFailure;
   }
-  std::printf("loss %s (%s, over %lld %s)\n", fmt(r->loss, 6, false).c_str(), loss_name,
-              static_cast<long long>(r->counted), c.head.kind == HeadKind::lm ? "rows" : "items");
+  const char* unit = c.head.kind == HeadKind::lm ? "row" : "item";
+  std::printf("loss %s (%s, over %lld %s%s)\n", fmt(r->loss, 6, false).c_str(), loss_name,
+              static_cast<long long>(r->counted), unit, r->counted == 1 ? "" : "s");
   std::vector<std::vector<std::string>> rows{{"parameter", "shape", "|grad|"}};
   double total = 0;
   for (const auto& [name, g] : grads) {

@@ -360,18 +360,117 @@ void add_columns(const Tensor& src, int64_t c0, Tensor& dst) {
     for (int64_t j = 0; j < n; ++j) d[r * n + j] += s[r * N + c0 + j];
 }
 
+// Element (b, h, t, d) of a (B, H, T, D) strided view.
+inline float& at4(const Tensor& t, int64_t b, int64_t h, int64_t i, int64_t d) {
+  return const_cast<float*>(t.data<float>())[b * t.stride(0) + h * t.stride(1) + i * t.stride(2) + d * t.stride(3)];
+}
+
+// Shaw et al.'s attention, materialised (as at inference: the fused kernel takes no relative
+// positions): S_ij = scale · q_i · (k_j + a^K_r), r = clip(p_j - p_i); masked; P = softmax(S);
+// O_i = Σ_j P_ij (v_j + a^V_r). Keeps P (B, H, T, T) for the backward.
+void relative_forward(const AttentionLayer& L, const AttentionParams& w, const Tensor& q, const Tensor& k,
+                      const Tensor& v, const RowLayout& rows, Tensor& P, Tensor& heads) {
+  const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), dk = L.d_k, dv = L.d_v, kmax = L.positions.max_distance;
+  const float* ak = w.rel_k.data<float>();
+  const float* av = w.rel_v.data<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        float* p = P.data<float>() + ((b * H + h) * T + i) * T;
+        float mx = kNegInf;
+        for (int64_t j = 0; j < T; ++j) {
+          if (!rows.allowed(b, i, j, L.causal)) {
+            p[j] = kNegInf;
+            continue;
+          }
+          const float* a = ak + relative_index(rows.position(b, i), rows.position(b, j), kmax) * dk;
+          float acc = 0.f;
+          for (int64_t d = 0; d < dk; ++d) acc += at4(q, b, h, i, d) * (at4(k, b, h, j, d) + a[d]);
+          p[j] = L.scale * acc;
+          mx = std::max(mx, p[j]);
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j < T; ++j) sum += (p[j] = mx == kNegInf ? 0.f : std::exp(p[j] - mx));
+        for (int64_t j = 0; j < T; ++j) p[j] = sum > 0 ? p[j] / sum : 0.f;
+        for (int64_t d = 0; d < dv; ++d) at4(heads, b, h, i, d) = 0.f;
+        for (int64_t j = 0; j < T; ++j) {
+          if (p[j] == 0.f) continue;
+          const float* a = av + relative_index(rows.position(b, i), rows.position(b, j), kmax) * dv;
+          for (int64_t d = 0; d < dv; ++d) at4(heads, b, h, i, d) += p[j] * (at4(v, b, h, j, d) + a[d]);
+        }
+      }
+}
+
+// Its backward: dV_j = Σ_i P_ij dO_i; dP_ij = dO_i · (v_j + a^V_r); dS = P ⊙ (dP - Σ_j P_ij dP_ij);
+// dQ_i = scale Σ_j dS_ij (k_j + a^K_r); dK_j = scale Σ_i dS_ij q_i; da^K_r, da^V_r collect the
+// pairs at offset r. Written per (batch row, head); the tables' gradients summed after.
+void relative_backward(const AttentionLayer& L, const AttentionParams& w, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const RowLayout& rows, const Tensor& P, const Tensor& dO, Tensor& dq,
+                       Tensor& dk, Tensor& dv, Tensor* g_ak, Tensor* g_av) {
+  const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), Dk = L.d_k, Dv = L.d_v, kmax = L.positions.max_distance;
+  const int64_t R = 2 * kmax + 1;
+  const float* ak = w.rel_k.data<float>();
+  const float* av = w.rel_v.data<float>();
+  std::vector<float> gak(static_cast<size_t>(B * H * R * Dk), 0.f), gav(static_cast<size_t>(B * H * R * Dv), 0.f);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      float* gk = gak.data() + (b * H + h) * R * Dk;
+      float* gv = gav.data() + (b * H + h) * R * Dv;
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t d = 0; d < Dk; ++d) at4(dq, b, h, t, d) = at4(dk, b, h, t, d) = 0.f;
+        for (int64_t d = 0; d < Dv; ++d) at4(dv, b, h, t, d) = 0.f;
+      }
+      std::vector<float> ds(static_cast<size_t>(T));
+      for (int64_t i = 0; i < T; ++i) {
+        const float* p = P.data<float>() + ((b * H + h) * T + i) * T;
+        float dot = 0.f;
+        for (int64_t j = 0; j < T; ++j) {
+          ds[static_cast<size_t>(j)] = 0.f;
+          if (p[j] == 0.f) continue;
+          const int64_t r = relative_index(rows.position(b, i), rows.position(b, j), kmax);
+          float dp = 0.f;
+          for (int64_t d = 0; d < Dv; ++d) {
+            const float g = at4(dO, b, h, i, d);
+            dp += g * (at4(v, b, h, j, d) + av[r * Dv + d]);
+            at4(dv, b, h, j, d) += p[j] * g;
+            gv[r * Dv + d] += p[j] * g;
+          }
+          ds[static_cast<size_t>(j)] = dp;
+          dot += p[j] * dp;
+        }
+        for (int64_t j = 0; j < T; ++j) {
+          if (p[j] == 0.f) continue;
+          const float s = L.scale * p[j] * (ds[static_cast<size_t>(j)] - dot);
+          const int64_t r = relative_index(rows.position(b, i), rows.position(b, j), kmax);
+          for (int64_t d = 0; d < Dk; ++d) {
+            const float qi = at4(q, b, h, i, d);
+            at4(dq, b, h, i, d) += s * (at4(k, b, h, j, d) + ak[r * Dk + d]);
+            at4(dk, b, h, j, d) += s * qi;
+            gk[r * Dk + d] += s * qi;
+          }
+        }
+      }
+    }
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    if (g_ak)
+      for (int64_t e = 0; e < R * Dk; ++e) g_ak->data<float>()[e] += gak[static_cast<size_t>(bh * R * Dk + e)];
+    if (g_av)
+      for (int64_t e = 0; e < R * Dv; ++e) g_av->data<float>()[e] += gav[static_cast<size_t>(bh * R * Dv + e)];
+  }
+}
+
 }  // namespace
 
 Status attention_forward_train(const AttentionLayer& L, const AttentionParams& w, const Exec& ex, const Tensor& x,
                                const RowLayout& rows, Tensor& y, AttentionSaved* sv) {
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   const int64_t H = L.n_heads, dk = L.d_k, dv = L.d_v;
-  if (L.positions.kind == PositionKind::relative)
-    return Status::Invalid("training: relative (Shaw) positions have no backward yet; use rotary or learned "
-                                 "positions");
+  const bool relative = L.positions.kind == PositionKind::relative;
   sv->lo.clear();
   sv->hi.clear();
-  if (!rows.plain && !key_ranges(rows, &sv->lo, &sv->hi))
+  if (!relative && !rows.plain && !key_ranges(rows, &sv->lo, &sv->hi))
     return Status::Invalid("training: a batch whose sequences are not each one run of rows (padding between "
                                  "real rows, or a sequence split by another)");
   sv->x = x.reshape({B * T, C});
@@ -387,10 +486,15 @@ Status attention_forward_train(const AttentionLayer& L, const AttentionParams& w
   }
   sv->concat = Tensor::empty({B, T, H * dv});
   Tensor heads = sv->concat.unflatten(2, H, dv).transpose(1, 2);
-  sv->lse = Tensor::empty({B, H, T});
-  TSR_RETURN_IF_ERROR(ex.attention_train(q, k, v, heads, sv->lse, L.scale, L.causal,
-                                         sv->lo.empty() ? nullptr : sv->lo.data(),
-                                         sv->hi.empty() ? nullptr : sv->hi.data()));
+  if (relative) {
+    sv->weights = Tensor::empty({B, H, T, T});
+    relative_forward(L, w, q, k, v, rows, sv->weights, heads);
+  } else {
+    sv->lse = Tensor::empty({B, H, T});
+    TSR_RETURN_IF_ERROR(ex.attention_train(q, k, v, heads, sv->lse, L.scale, L.causal,
+                                           sv->lo.empty() ? nullptr : sv->lo.data(),
+                                           sv->hi.empty() ? nullptr : sv->hi.data()));
+  }
   if (!w.w_o.defined()) {
     y.copy_from(sv->concat);
     return Status::Ok();
@@ -420,9 +524,14 @@ Status attention_backward(const AttentionLayer& L, const AttentionParams& w, con
   Tensor dv_ = head_view(dqkv, B, T, 2 * H * dk, H, dv);
   const Tensor heads = sv.concat.unflatten(2, H, dv).transpose(1, 2);
   const Tensor dheads = dconcat.reshape({B, T, H * dv}).unflatten(2, H, dv).transpose(1, 2);
-  TSR_RETURN_IF_ERROR(ex.attention_backward(q, k, v, heads, sv.lse, dheads, dq, dk_, dv_, L.scale, L.causal,
-                                            sv.lo.empty() ? nullptr : sv.lo.data(),
-                                            sv.hi.empty() ? nullptr : sv.hi.data()));
+  if (L.positions.kind == PositionKind::relative) {
+    relative_backward(L, w, q, k, v, rows, sv.weights, dheads, dq, dk_, dv_, grads.find(p + ".rel_k"),
+                      grads.find(p + ".rel_v"));
+  } else {
+    TSR_RETURN_IF_ERROR(ex.attention_backward(q, k, v, heads, sv.lse, dheads, dq, dk_, dv_, L.scale, L.causal,
+                                              sv.lo.empty() ? nullptr : sv.lo.data(),
+                                              sv.hi.empty() ? nullptr : sv.hi.data()));
+  }
   if (L.positions.kind == PositionKind::rotary) {  // back through the rotation: rotate the other way
     const int32_t* positions = rows.plain ? nullptr : rows.pos.data();
     apply_rotary(dq, L.positions.rotary_dims, L.positions.base, L.positions.rotary_style, 0, positions, true);

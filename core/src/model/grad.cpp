@@ -88,6 +88,8 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
     if (c.bias) w.attn.b_qkv = model::concat_last({P.get(p + "attn.b_q"), P.get(p + "attn.b_k"), P.get(p + "attn.b_v")});
     w.attn.w_o = P.get(p + "attn.w_o");
     w.attn.b_o = P.get(p + "attn.b_o");
+    w.attn.rel_k = P.get(p + "attn.rel_k");
+    w.attn.rel_v = P.get(p + "attn.rel_v");
     w.ln1_g = P.get(p + "ln1.gamma");
     w.ln1_b = P.get(p + "ln1.beta");
     w.ln2_g = P.get(p + "ln2.gamma");

@@ -89,6 +89,7 @@ Status attention_forward(const AttentionLayer& layer, const Exec& ex, const Tens
 // packed): [W_Q | W_K | W_V] side by side (C, H·(2dk + dv)) and their biases, W_O and b_O.
 struct AttentionParams {
   Tensor w_qkv, b_qkv, w_o, b_o;
+  Tensor rel_k, rel_v;  // (2k+1, dk), (2k+1, dv): relative positions
 };
 
 // What attention_backward needs from attention_forward_train.
@@ -96,7 +97,8 @@ struct AttentionSaved {
   Tensor x;       // (B·T, C) the rows the attention read
   Tensor qkv;     // (B·T, H·(2dk + dv)) Q and K (rotated) and V
   Tensor concat;  // (B, T, H·dv) the heads' outputs side by side
-  Tensor lse;     // (B, H, T) each query row's log-sum-exp of its scores
+  Tensor lse;     // (B, H, T) each query row's log-sum-exp of its scores (fused kernel)
+  Tensor weights; // (B, H, T, T) the attention weights (relative positions: the materialised path)
   std::vector<int32_t> lo, hi;  // each row's run of usable keys (empty: all of them)
 };
 
