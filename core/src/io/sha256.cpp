@@ -37,9 +37,10 @@ void compress(uint32_t state[8], const uint8_t* block) {
   uint32_t a = state[0], b = state[1], c = state[2], d = state[3], e = state[4], f = state[5], g = state[6],
            h = state[7];
   for (int t = 0; t < 64; ++t) {
-    const uint32_t t1 = h + (std::rotr(e, 6) ^ std::rotr(e, 11) ^ std::rotr(e, 25)) + ((e & f) ^ (~e & g)) +
-                        kRound[t] + w[t];
-    const uint32_t t2 = (std::rotr(a, 2) ^ std::rotr(a, 13) ^ std::rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+    const uint32_t t1 =
+        h + (std::rotr(e, 6) ^ std::rotr(e, 11) ^ std::rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[t] + w[t];
+    const uint32_t t2 =
+        (std::rotr(a, 2) ^ std::rotr(a, 13) ^ std::rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
     h = g;
     g = f;
     f = e;
@@ -63,7 +64,8 @@ void compress(uint32_t state[8], const uint8_t* block) {
 
 std::string sha256_hex(std::string_view bytes) {
   // The first 32 bits of the fractional parts of the square roots of the first 8 primes (5.3.3).
-  uint32_t state[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  uint32_t state[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                       0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   const size_t full = bytes.size() / 64 * 64;
   for (size_t i = 0; i < full; i += 64) compress(state, p + i);
