@@ -18,7 +18,7 @@
 #include <set>
 #include <thread>
 
-#include "io/sha256.h"
+#include "tessera/fileio.h"
 #include "tessera/checkpoint.h"
 #include "tessera/config.h"
 #include "tessera/fileio.h"
@@ -200,22 +200,6 @@ ModelConfig small_model() {
 
 }  // namespace
 
-TEST(CheckpointSha256, MatchesTheStandardsExamples) {
-  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  EXPECT_EQ(sha256_hex(std::string(1000000, 'a')),
-            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-  // Around the padding boundary: 55 bytes pad within one block, 56 and 64 need a second.
-  EXPECT_EQ(sha256_hex(std::string(55, 'a')),
-            "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318");
-  EXPECT_EQ(sha256_hex(std::string(56, 'a')),
-            "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
-  EXPECT_EQ(sha256_hex(std::string(64, 'a')),
-            "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
-}
-
 TEST(Checkpoint, RoundTripIsBitIdentical) {
   TempFolder dir("roundtrip");
   Checkpoint c = sample(7);
@@ -236,7 +220,7 @@ TEST(Checkpoint, RoundTripIsBitIdentical) {
   // The trainer's JSON byte for byte: odd spacing, escapes, UTF-8, and text that looks like the
   // frame of state.json itself.
   c.state_json =
-      "  {\"rng\": \"\\u00e9\\n\", \"name\": \"caf\xc3\xa9\",\n  \"state_sha256\": \"00\",\n"
+      "  {\"rng\": \"\\u00e9\\n\", \"name\": \"caf\xc3\xa9\",\n  \"state_fnv1a\": \"00\",\n"
       "\"big\": 123456789012345678901234567890, \"nested\": {\"x\": 1.50\n}\n}\n";
   c.config_hash = "sha256:c0ffee \xe2\x9c\x93";
   ASSERT_TRUE(write_checkpoint(dir.path, c, 3).ok());
@@ -254,14 +238,14 @@ TEST(Checkpoint, RoundTripIsBitIdentical) {
   r->weights.find("stem.embed")->data<float>()[0] = 1.f;
   r->optimizer[0].second.data<float>()[0] = 1.f;
 
-  // state.json is plain JSON that records each file's sha256 as sha256sum would print it.
+  // state.json is plain JSON that records each file's size and FNV-1a-64 checksum.
   const nlohmann::json state = nlohmann::json::parse(contents(dir / "step-000007/state.json"));
   EXPECT_EQ(state["step"], 7);
   EXPECT_EQ(state["config_hash"], c.config_hash);
   EXPECT_EQ(state["trainer"], nlohmann::json::parse(c.state_json));
   for (const char* f : {"weights.safetensors", "optimizer.safetensors"}) {
     const std::string bytes = contents(dir / ("step-000007/" + std::string(f)));
-    EXPECT_EQ(state["files"][f]["sha256"], sha256_hex(bytes)) << f;
+    EXPECT_EQ(state["files"][f]["fnv1a"], tessera::hex64(tessera::fnv1a(bytes.data(), bytes.size()))) << f;
     EXPECT_EQ(state["files"][f]["bytes"], bytes.size()) << f;
   }
   Result<safetensors::File> w = safetensors::File::open(dir / "step-000007/weights.safetensors");

@@ -18,13 +18,13 @@
 //                                      are as model.weights.file (`tessera run`)
 //   step-000123/optimizer.safetensors  the optimizer's tensors, in the order given
 //   step-000123/state.json             format, version, step, config_hash, each file's size and
-//                                      SHA-256, "state_sha256" (below), then "trainer": the
+//                                      FNV-1a-64 checksum, "state_fnv1a" (below), then "trainer": the
 //                                      trainer's JSON exactly as given
 //   latest                             "step-000123\n": the newest complete checkpoint
 // Both safetensors files carry __metadata__ {"format": "tessera.checkpoint", "step": "123",
 // "config_hash": ...}, so a weights file copied elsewhere still says where it came from.
-// state_sha256 is the SHA-256 of state.json's own text with that value written as 64 zeros, so a
-// torn or altered state.json is caught too; the files' sums can be checked with sha256sum.
+// state_fnv1a is the checksum of state.json's own text with that value written as 16 zeros, so a
+// torn or altered state.json is caught too.
 // Folders whose names start with '.' are temporary: a write in progress, or one a killed process
 // left behind (the next write removes those of processes no longer running).
 //
@@ -71,7 +71,7 @@ std::string checkpoint_folder_name(int64_t step);
 // involved. A failure after it (removing old folders) says the new checkpoint is complete.
 Status write_checkpoint(const std::string& dir, const Checkpoint& c, int keep);
 
-// The checkpoint `latest` names, every file's size and SHA-256 verified. When `latest` is
+// The checkpoint `latest` names, every file's size and FNV-1a-64 checksum verified. When `latest` is
 // missing, unreadable or names a torn, corrupt or missing folder, the newest valid step folder
 // instead, with `warning` saying what was wrong and which checkpoint was used; an error naming
 // every problem when no folder is valid, and not_found when there is no checkpoint at all.

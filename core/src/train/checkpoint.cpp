@@ -22,13 +22,17 @@
 #include <optional>
 #include <string_view>
 
-#include "io/sha256.h"
 #include "tessera/fileio.h"
 #include "tessera/safetensors.h"
 
 namespace tessera {
 
 namespace {
+
+// A file's checksum: FNV-1a-64 (fileio.h) in hex. It catches torn and corrupted files; it is not
+// meant to resist someone forging a checkpoint.
+std::string checksum(std::string_view bytes) { return hex64(fnv1a(bytes.data(), bytes.size())); }
+
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -45,10 +49,10 @@ constexpr std::string_view kTempInfix = ".tmp.";
 
 // state.json is written as text with a fixed frame, so that its own checksum and the trainer's
 // JSON can be found without re-serialising anything: ..., then these two keys, then kEnd.
-constexpr std::string_view kSelfSumKey = "\n  \"state_sha256\": \"";
+constexpr std::string_view kSelfSumKey = "\n  \"state_fnv1a\": \"";
 constexpr std::string_view kTrainerKey = ",\n  \"trainer\": ";
 constexpr std::string_view kEnd = "\n}\n";
-constexpr size_t kSumHexDigits = 64;
+constexpr size_t kSumHexDigits = 16;
 
 std::string join(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
@@ -192,7 +196,7 @@ std::string state_text(const Checkpoint& c, const std::string& hash_literal, con
     t += c.state_json;
   }
   t += kEnd;
-  t.replace(sum_at, kSumHexDigits, sha256_hex(t));
+  t.replace(sum_at, kSumHexDigits, checksum(t));
   return t;
 }
 
@@ -249,13 +253,13 @@ Result<std::string> verify_state_text(const std::string& path, const std::string
   const size_t at = key + kSelfSumKey.size();
   if (key == std::string::npos || at + kSumHexDigits + 1 > text.size())
     return Status::IoError(path +
-                           ": no state_sha256 field: the file is torn, corrupted or not a Tessera "
+                           ": no state_fnv1a field: the file is torn, corrupted or not a Tessera "
                            "checkpoint's state.json");
   std::string zeroed = text;
   zeroed.replace(at, kSumHexDigits, kSumHexDigits, '0');
-  const std::string recorded = text.substr(at, kSumHexDigits), actual = sha256_hex(zeroed);
+  const std::string recorded = text.substr(at, kSumHexDigits), actual = checksum(zeroed);
   if (actual != recorded)
-    return Status::IoError(path + ": checksum mismatch: its text hashes to sha256 " + actual +
+    return Status::IoError(path + ": checksum mismatch: its text hashes to fnv1a " + actual +
                            " but it records " + recorded +
                            " (the file is torn or corrupted, or was edited by hand)");
   // The checksum holds, so the frame is the one state_text wrote: `"`, then the trainer or the end.
@@ -265,13 +269,13 @@ Result<std::string> verify_state_text(const std::string& path, const std::string
       after.compare(0, kTrainerKey.size(), kTrainerKey) != 0 ||
       after.compare(after.size() - kEnd.size(), kEnd.size(), kEnd) != 0)
     return Status::ParseError(path +
-                              ": the text after state_sha256 is not the \"trainer\" field and the end");
+                              ": the text after state_fnv1a is not the \"trainer\" field and the end");
   return after.substr(kTrainerKey.size(), after.size() - kTrainerKey.size() - kEnd.size());
 }
 
 struct FileRecord {
   uint64_t bytes = 0;
-  std::string sha256;
+  std::string fnv1a;
 };
 
 // The size and checksum state.json records for one of the tensor files.
@@ -280,9 +284,9 @@ Result<FileRecord> file_record(const std::string& state_path, const json& state,
   if (const auto files = state.find("files"); files != state.end() && files->is_object())
     if (const auto it = files->find(name); it != files->end()) f = &*it;
   if (f == nullptr || !f->is_object() || !f->contains("bytes") || !f->at("bytes").is_number_unsigned() ||
-      !f->contains("sha256") || !f->at("sha256").is_string())
-    return Status::ParseError(state_path + ": files." + name + " is missing or lacks bytes and sha256");
-  return FileRecord{f->at("bytes").get<uint64_t>(), f->at("sha256").get<std::string>()};
+      !f->contains("fnv1a") || !f->at("fnv1a").is_string())
+    return Status::ParseError(state_path + ": files." + name + " is missing or lacks bytes and fnv1a");
+  return FileRecord{f->at("bytes").get<uint64_t>(), f->at("fnv1a").get<std::string>()};
 }
 
 // One tensor file, checked against its record before it is parsed; owned copies of its tensors.
@@ -296,10 +300,10 @@ Result<NamedTensors> read_tensor_file(const std::string& path, const FileRecord&
     return Status::IoError(path + ": " + std::to_string(map->size()) + " bytes, state.json records " +
                            std::to_string(want.bytes) + " (the file was appended to or replaced)");
   const std::string actual =
-      sha256_hex(std::string_view(reinterpret_cast<const char*>(map->data()), map->size()));
-  if (actual != want.sha256)
-    return Status::IoError(path + ": checksum mismatch: sha256 " + actual + ", state.json records " +
-                           want.sha256 + " (the file is corrupted)");
+      checksum(std::string_view(reinterpret_cast<const char*>(map->data()), map->size()));
+  if (actual != want.fnv1a)
+    return Status::IoError(path + ": checksum mismatch: fnv1a " + actual + ", state.json records " +
+                           want.fnv1a + " (the file is corrupted)");
   TSR_ASSIGN_OR_RETURN(safetensors::File file, safetensors::File::open(path));
   const auto meta = file.metadata().find("step");
   if (meta == file.metadata().end() || meta->second != std::to_string(step))
@@ -417,7 +421,7 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c, int keep) {
     const std::string path = join(temp, file_name);
     Result<std::string> bytes = serialize_tensors(path, *tensors, metadata);
     if (!bytes.ok()) return fail(bytes.status());
-    files[file_name] = {{"bytes", bytes->size()}, {"sha256", sha256_hex(*bytes)}};
+    files[file_name] = {{"bytes", bytes->size()}, {"fnv1a", checksum(*bytes)}};
     if (Status s = write_part(path, *bytes, checkpoint_bytes, dir); !s.ok()) return fail(s);
   }
   if (Status s =
