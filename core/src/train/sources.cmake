@@ -1,3 +1,11 @@
-# Training part of libtessera: the training loop, checkpoints (and, merged next, the optimizers).
+# Training part of libtessera: the training loop, checkpoints, optimizers, learning-rate schedules
+# and gradient helpers (tessera/train.h, checkpoint.h, optim.h). No oneDNN here.
 target_sources(tessera PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/trainer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/optim.cpp)
+# The optimizer's arithmetic as written: no multiply-adds fused behind the code's back (torch's
+# rounding, and the same bits with and without FMA instructions); sqrt without errno, so its loops
+# vectorise.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/optim.cpp PROPERTIES
+  COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno")
