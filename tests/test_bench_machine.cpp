@@ -9,6 +9,7 @@
 
 #include "bench_machine.h"
 #include "tessera/model.h"
+#include "test_models.h"
 
 using namespace tessera;
 using namespace tessera::cli;
@@ -16,37 +17,8 @@ using namespace tessera::cli;
 namespace {
 
 // A small GPT-2-shaped decoder (pre-LN, final norm, tied LM head), seeded init.
-ModelConfig decoder(PositionKind kind) {
-  ModelConfig c;
-  c.arch = Arch::decoder;
-  c.causal = true;
-  c.d_model = 32;
-  c.n_heads = 4;
-  c.d_k = c.d_v = 8;
-  c.d_ff = 64;
-  c.n_layers = 2;
-  c.activation = Activation::gelu_tanh;
-  c.norm = NormPlacement::pre;
-  c.final_norm = true;
-  c.attention.scale = 1.0 / std::sqrt(8.0);
-  c.stem.kind = StemKind::tokens;
-  c.stem.vocab_size = 61;
-  c.positions.kind = kind;
-  c.positions.max_len = 64;
-  c.positions.rotary_dims = c.d_k;
-  c.head.kind = HeadKind::lm;
-  c.head.tied = true;
-  c.init.scheme = InitScheme::glorot_normal;
-  c.init.seed = 5;
-  c.weights.allow_missing = true;
-  return c;
-}
-
-Model build(const ModelConfig& c) {
-  Result<Model> m = Model::build(c);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return std::move(m).value();
-}
+using testing_util::tiny_decoder;
+Model build(const ModelConfig& c) { return testing_util::build_model(c); }
 
 int64_t parameter_bytes(const Model& m) {
   int64_t n = 0;
@@ -98,7 +70,7 @@ TEST(BenchMachine, BandwidthIsPositiveAndFinite) {
 TEST(BenchMachine, DecodeReadsEveryParameterOfATiedRotaryDecoder) {
   // Rotary positions have no table, and the tied head reads the whole embedding: every parameter
   // byte, once per step, whatever the batch.
-  const Model m = build(decoder(PositionKind::rotary));
+  const Model m = build(tiny_decoder(PositionKind::rotary));
   EXPECT_EQ(decode_weight_bytes_per_step(m, 1, false), parameter_bytes(m));
   EXPECT_EQ(decode_weight_bytes_per_step(m, 4, false), parameter_bytes(m));
 }
@@ -106,13 +78,13 @@ TEST(BenchMachine, DecodeReadsEveryParameterOfATiedRotaryDecoder) {
 TEST(BenchMachine, DecodeReadsOnlyItsTokensRowsOfLookupTables) {
   const int64_t C = 32, V = 61;
   // Learned positions: one row of the table per sequence in the batch.
-  const Model learned = build(decoder(PositionKind::learned));
+  const Model learned = build(tiny_decoder(PositionKind::learned));
   const int64_t table = bytes_of(learned, "pos.table");
   EXPECT_EQ(table, 64 * C * 4);
   EXPECT_EQ(decode_weight_bytes_per_step(learned, 1, false), parameter_bytes(learned) - table + C * 4);
   EXPECT_EQ(decode_weight_bytes_per_step(learned, 3, false), parameter_bytes(learned) - table + 3 * C * 4);
   // An untied head: the embedding is a lookup (its rows), the head matrix is read in full.
-  ModelConfig untied_cfg = decoder(PositionKind::rotary);
+  ModelConfig untied_cfg = tiny_decoder(PositionKind::rotary);
   untied_cfg.head.tied = false;
   const Model untied = build(untied_cfg);
   EXPECT_EQ(bytes_of(untied, "head.lm"), C * V * 4);
@@ -120,7 +92,7 @@ TEST(BenchMachine, DecodeReadsOnlyItsTokensRowsOfLookupTables) {
 }
 
 TEST(BenchMachine, DecodeCountsMatmulWeightsInBf16WhenTheKernelsHoldThem) {
-  const Model m = build(decoder(PositionKind::rotary));
+  const Model m = build(tiny_decoder(PositionKind::rotary));
   int64_t matrices = 0;
   for (const auto& [name, t] : m.parameters())
     if (t.rank() == 2) matrices += static_cast<int64_t>(t.nbytes());

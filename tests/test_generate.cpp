@@ -14,6 +14,7 @@
 #include "dnnl/engine.h"  // core/src: ScopedNoBf16Gemv
 #include "tessera/generate.h"
 #include "tessera/model.h"
+#include "test_models.h"
 
 using namespace tessera;
 
@@ -23,38 +24,8 @@ namespace {
 // embedding), with every default resolved as the config loader would leave it. Glorot init, not
 // GPT-2's std 0.02: with weights that small attention is nearly uniform and positions barely
 // matter, so a cache that mixed up rows or positions could still pass.
-ModelConfig decoder(PositionKind kind, int64_t max_len = 64) {
-  ModelConfig c;
-  c.arch = Arch::decoder;
-  c.causal = true;
-  c.d_model = 32;
-  c.n_heads = 4;
-  c.d_k = c.d_v = 8;
-  c.d_ff = 64;
-  c.n_layers = 2;
-  c.activation = Activation::gelu_tanh;
-  c.norm = NormPlacement::pre;
-  c.final_norm = true;
-  c.attention.scale = 1.0 / std::sqrt(8.0);
-  c.stem.kind = StemKind::tokens;
-  c.stem.vocab_size = 61;
-  c.positions.kind = kind;
-  c.positions.max_len = max_len;
-  c.positions.rotary_dims = c.d_k;
-  c.positions.max_distance = 3;
-  c.head.kind = HeadKind::lm;
-  c.head.tied = true;
-  c.init.scheme = InitScheme::glorot_normal;
-  c.init.seed = 5;
-  c.weights.allow_missing = true;
-  return c;
-}
-
-Model build(const ModelConfig& c) {
-  Result<Model> m = Model::build(c);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return std::move(m).value();
-}
+using testing_util::tiny_decoder;
+Model build(const ModelConfig& c) { return testing_util::build_model(c); }
 
 std::vector<int32_t> tokens(int64_t n, uint64_t seed, int64_t V = 61) {
   Rng rng(seed);
@@ -124,7 +95,7 @@ class CachedStep : public ::testing::TestWithParam<CacheCase> {};
 // the GEMV off, both sides run oneDNN and agree as f32 does.
 TEST_P(CachedStep, EqualsFullRecomputeAtEveryStep) {
   const CacheCase& p = GetParam();
-  ModelConfig c = decoder(p.kind);
+  ModelConfig c = tiny_decoder(p.kind);
   c.dtype = p.dtype;
   const Model m = [&] {
     std::unique_ptr<onednn::ScopedNoBf16Gemv> off;
@@ -183,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(
 // dropped with keep(). Every row against its own recompute.
 TEST(KVCache, SequencesOfDifferentLengthsAdvanceTogether) {
   for (PositionKind kind : {PositionKind::learned, PositionKind::rotary}) {
-    const Model m = build(decoder(kind));
+    const Model m = build(tiny_decoder(kind));
     std::vector<std::vector<int32_t>> seqs = {tokens(1, 1), tokens(5, 2), tokens(17, 3)};
     Result<KVCache> cache = KVCache::create(m, 3, 40);
     ASSERT_TRUE(cache.ok());
@@ -239,7 +210,7 @@ TEST(KVCache, SequencesOfDifferentLengthsAdvanceTogether) {
 }
 
 TEST(KVCache, RefusesWhatItCannotContinue) {
-  const Model m = build(decoder(PositionKind::learned, 16));
+  const Model m = build(tiny_decoder(PositionKind::learned, 16));
   Result<KVCache> cache = KVCache::create(m, 2, 8);
   ASSERT_TRUE(cache.ok());
   ForwardOptions o;
@@ -265,7 +236,7 @@ TEST(KVCache, RefusesWhatItCannotContinue) {
             "forward: 17 rows exceed positions.max_len = 16 (shorten the input or raise max_len)");
   EXPECT_EQ(big->length(0), 16);  // a refused step leaves the cache as it was
   // A model that reads both ways cannot keep its rows.
-  ModelConfig enc = decoder(PositionKind::learned);
+  ModelConfig enc = tiny_decoder(PositionKind::learned);
   enc.causal = false;
   const Model e = build(enc);
   EXPECT_EQ(KVCache::create(e, 1, 8).status().message(),
@@ -282,7 +253,7 @@ TEST(KVCache, RefusesWhatItCannotContinue) {
 TEST(Generate, BatchedGreedyEqualsOneByOne) {
   for (PositionKind kind : {PositionKind::learned, PositionKind::rotary}) {
     for (bool reference : {false, true}) {
-      const Model m = build(decoder(kind));
+      const Model m = build(tiny_decoder(kind));
       const std::vector<std::vector<int32_t>> prompts = {tokens(1, 21), tokens(5, 22), tokens(17, 23)};
       GenerateOptions o = greedy(12);
       o.reference = reference;
@@ -306,7 +277,7 @@ TEST(Generate, BatchedGreedyEqualsOneByOne) {
 }
 
 TEST(Generate, GreedyIsTheArgmaxOfTheRecomputedLogits) {
-  const Model m = build(decoder(PositionKind::rotary));
+  const Model m = build(tiny_decoder(PositionKind::rotary));
   std::vector<int32_t> seq = tokens(4, 5);
   const std::vector<Generation> g = run(m, {seq}, greedy(10));
   ASSERT_EQ(g[0].ids.size(), 10u);
@@ -321,7 +292,7 @@ TEST(Generate, GreedyIsTheArgmaxOfTheRecomputedLogits) {
 // limit) are still the argmax of each full recompute, and a huge max_new_tokens allocates nothing
 // up front.
 TEST(Generate, TheCacheGrowsWithTheSequence) {
-  const Model m = build(decoder(PositionKind::rotary));
+  const Model m = build(tiny_decoder(PositionKind::rotary));
   std::vector<int32_t> seq = tokens(3, 8);
   const std::vector<Generation> g = run(m, {seq}, greedy(300));
   ASSERT_EQ(g[0].ids.size(), 300u);
@@ -337,7 +308,7 @@ TEST(Generate, TheCacheGrowsWithTheSequence) {
   EXPECT_EQ(huge[0].finish_reason, "stop");
   o.max_new_tokens = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(run(m, {tokens(5, 1)}, o)[0].ids, huge[0].ids);
-  const Model learned = build(decoder(PositionKind::learned));
+  const Model learned = build(tiny_decoder(PositionKind::learned));
   EXPECT_EQ(run(learned, {tokens(5, 1)}, o)[0].finish_reason, "stop");
   // reserve() keeps what is cached.
   Result<KVCache> cache = KVCache::create(m, 2, 8);
@@ -362,7 +333,7 @@ TEST(Generate, TheCacheGrowsWithTheSequence) {
 // Sampling.
 
 TEST(Sampling, SeedReproducesAndOtherSeedsDiffer) {
-  const Model m = build(decoder(PositionKind::learned));
+  const Model m = build(tiny_decoder(PositionKind::learned));
   GenerateOptions o = greedy(20);
   o.temperature = 1.0;
   o.seed = 7;
@@ -378,7 +349,7 @@ TEST(Sampling, SeedReproducesAndOtherSeedsDiffer) {
 }
 
 TEST(Sampling, LimitsOfSamplingAreGreedy) {
-  const Model m = build(decoder(PositionKind::learned));
+  const Model m = build(tiny_decoder(PositionKind::learned));
   const std::vector<std::vector<int32_t>> prompts = {tokens(3, 31), tokens(8, 32)};
   const std::vector<Generation> g = run(m, prompts, greedy(16));
   auto sampled = [&](double temperature, int64_t top_k, double top_p, uint64_t seed) {
@@ -525,7 +496,7 @@ TEST(Sampling, DrawsFollowTheFilteredDistribution) {
 // Stopping.
 
 TEST(Generate, StopStringsEosAndLength) {
-  const Model m = build(decoder(PositionKind::rotary));
+  const Model m = build(tiny_decoder(PositionKind::rotary));
   const std::vector<int32_t> prompt = tokens(4, 9);
   GenerateOptions o = greedy(24);
   o.decode = letters;
@@ -566,7 +537,7 @@ TEST(Generate, StopStringsEosAndLength) {
 }
 
 TEST(Generate, PositionsRunningOutStopWithLengthAndSaySo) {
-  const Model m = build(decoder(PositionKind::learned, 16));
+  const Model m = build(tiny_decoder(PositionKind::learned, 16));
   GenerateOptions o = greedy(20);
   // 10 prompt tokens: new tokens 1..7 sit at positions 10..16; the 7th is never fed back.
   const std::vector<Generation> g = run(m, {tokens(10, 1), tokens(16, 2), tokens(3, 3)}, o);
@@ -587,7 +558,7 @@ TEST(Generate, PositionsRunningOutStopWithLengthAndSaySo) {
 }
 
 TEST(Generate, StreamingGivesTheTextPieceByPiece) {
-  const Model m = build(decoder(PositionKind::learned));
+  const Model m = build(tiny_decoder(PositionKind::learned));
   const std::vector<std::vector<int32_t>> prompts = {tokens(2, 4), tokens(7, 5)};
   GenerateOptions o = greedy(30);
   o.decode = letters;
@@ -617,7 +588,7 @@ TEST(Generate, StreamingGivesTheTextPieceByPiece) {
 // Refusals.
 
 TEST(Generate, EachBadOptionGivesItsMessage) {
-  const Model m = build(decoder(PositionKind::learned));
+  const Model m = build(tiny_decoder(PositionKind::learned));
   auto msg = [&](void (*set)(GenerateOptions&)) {
     GenerateOptions o;
     set(o);
@@ -657,18 +628,18 @@ TEST(Generate, EachBadOptionGivesItsMessage) {
 }
 
 TEST(Generate, RefusesPromptsAndModelsItCannotContinue) {
-  const Model m = build(decoder(PositionKind::learned));
+  const Model m = build(tiny_decoder(PositionKind::learned));
   const GenerateOptions o = greedy(4);
   EXPECT_EQ(generate(m, {{1, 2}, {}}, o).status().message(),
             "generate: prompt 1 is empty: generation continues a prompt of at least one token");
   EXPECT_EQ(generate(m, {{1, 61}}, o).status().message(),
             "generate: prompt 0: token id 61 at position 1 is outside the vocabulary [0, 61)");
-  ModelConfig pool = decoder(PositionKind::learned);
+  ModelConfig pool = tiny_decoder(PositionKind::learned);
   pool.head.kind = HeadKind::pool;
   pool.head.pool = PoolKind::last;
   EXPECT_EQ(generate(build(pool), {{1}}, o).status().message(),
             "generate: the model has no language-model head (model.head.kind is pool); generation needs head.kind lm");
-  ModelConfig enc = decoder(PositionKind::learned);
+  ModelConfig enc = tiny_decoder(PositionKind::learned);
   enc.causal = false;
   EXPECT_EQ(generate(build(enc), {{1}}, o).status().message(),
             "generate: the model is not causal (model.causal false); generation needs a model that reads left to "
