@@ -6,8 +6,9 @@
 //   - the fast path (oneDNN) against the reference loop in f32, on odd and bigger shapes and
 //     strided views, with the accumulation (+=) of parameter gradients, null gradients and in
 //     place where the contract allows it (tolerance: max |fast - ref| / max |ref| <= kFastTol).
-// Plus the refusals, and cross-entropy on hand-computed numbers. Not here: attention's backward
-// (test_attention) and whole layers against PyTorch autograd (the parity fixtures).
+// Plus the refusals, cross-entropy on hand-computed numbers, and cross-entropy, layer norm and the
+// activations against PyTorch autograd (tests/data/reference/backward_ops.safetensors). Not here:
+// attention's backward (test_attention) and whole models against autograd (the grad fixtures).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -21,6 +22,7 @@
 
 #include "dnnl/engine.h"  // core/src: the primitive cache's counters
 #include "tessera/ops.h"
+#include "tessera/safetensors.h"
 #include "test_util.h"
 
 using namespace tessera;
@@ -751,6 +753,73 @@ TEST(BackwardCrossEntropy, Refusals) {
   Tensor d64 = Tensor::empty({4, 5}, DType::f64);
   EXPECT_TRUE(contains(ref::cross_entropy(logits, targets, 0.f, &loss, &counted, &d64),
                        "dlogits is f64 (4, 5) but logits is f32 (4, 5)"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// PyTorch autograd (made by tools/reference/make_backward_op_fixtures.py; results in float64,
+// stored rounded to f32, the losses as decimal float64 in the metadata)
+
+TEST(BackwardTorch, CrossEntropyLayerNormAndActivationsMatchAutograd) {
+  Result<safetensors::File> file =
+      safetensors::File::open(std::string(TESSERA_TEST_DATA) + "/reference/backward_ops.safetensors");
+  ASSERT_TRUE(IsOk(file.status()));
+  auto get = [&](const std::string& name) {
+    Result<Tensor> t = file->get(name);
+    EXPECT_TRUE(IsOk(t.status())) << name;
+    return t.ok() ? t.value().clone() : Tensor::zeros({1});
+  };
+  // Against PyTorch's f32-rounded results: the reference in f64 to that rounding, both paths in
+  // f32 to their own tolerance.
+  const double kRounded = 1e-7;
+  const Tensor logits = get("ce.logits"), targets = get("ce.targets");
+  for (const char* eps_name : {"eps0", "eps01"}) {
+    const float eps = std::string(eps_name) == "eps0" ? 0.f : 0.1f;
+    const double want_loss = std::stod(file->metadata().at(std::string("ce.loss_") + eps_name));
+    const Tensor want = get(std::string("ce.dlogits_") + eps_name);
+    for (int path = 0; path < 3; ++path) {  // fast, reference f32, reference f64
+      const Tensor in = path == 2 ? f64(logits) : logits;
+      Tensor dlogits = Tensor::empty(in.shape(), in.dtype());
+      double loss = 0.0;
+      int64_t counted = 0;
+      ASSERT_TRUE(IsOk(path == 0 ? ops::cross_entropy(in, targets, eps, &loss, &counted, &dlogits)
+                                 : ref::cross_entropy(in, targets, eps, &loss, &counted, &dlogits)));
+      EXPECT_EQ(counted, 4);
+      EXPECT_NEAR(loss, want_loss, (path == 2 ? 1e-12 : 1e-6) * want_loss) << eps_name << " path " << path;
+      EXPECT_LT(max_rel_error(dlogits, want), path == 2 ? kRounded : kFastTol)
+          << eps_name << " path " << path;
+    }
+  }
+
+  const Tensor x = get("ln.x"), dy = get("ln.dy"), gamma = get("ln.gamma"), beta = get("ln.beta");
+  for (int path = 0; path < 3; ++path) {
+    auto in = [&](const Tensor& t) { return path == 2 ? f64(t) : t; };
+    const DType dt = path == 2 ? DType::f64 : DType::f32;
+    Tensor y = Tensor::empty({5, 24}, dt), mean = Tensor::empty({5}, dt), rstd = Tensor::empty({5}, dt);
+    Tensor dx = Tensor::empty({5, 24}, dt), dgamma = Tensor::zeros({24}, dt), dbeta = Tensor::zeros({24}, dt);
+    if (path == 0) {
+      ASSERT_TRUE(IsOk(ops::layer_norm_train(x, gamma, beta, 1e-5f, y, mean, rstd)));
+      ASSERT_TRUE(IsOk(ops::layer_norm_backward(x, gamma, mean, rstd, dy, &dx, &dgamma, &dbeta)));
+    } else {
+      ASSERT_TRUE(IsOk(ref::layer_norm_train(in(x), in(gamma), in(beta), 1e-5f, y, mean, rstd)));
+      ASSERT_TRUE(IsOk(ref::layer_norm_backward(in(x), in(gamma), mean, rstd, in(dy), &dx, &dgamma, &dbeta)));
+    }
+    const double tol = path == 2 ? kRounded : kFastTol;
+    EXPECT_LT(max_rel_error(y, get("ln.y")), tol) << "path " << path;
+    EXPECT_LT(max_rel_error(dx, get("ln.dx")), tol) << "path " << path;
+    EXPECT_LT(max_rel_error(dgamma, get("ln.dgamma")), tol) << "path " << path;
+    EXPECT_LT(max_rel_error(dbeta, get("ln.dbeta")), tol) << "path " << path;
+  }
+
+  const Tensor ax = get("act.x"), ady = get("act.dy");
+  for (auto [act, name] : {std::pair{Activation::relu, "relu"}, std::pair{Activation::gelu_erf, "gelu_erf"},
+                           std::pair{Activation::gelu_tanh, "gelu_tanh"}}) {
+    const Tensor want = get(std::string("act.dx_") + name);
+    Tensor fast = Tensor::empty({64}), ref64 = Tensor::empty({64}, DType::f64);
+    ASSERT_TRUE(IsOk(ops::activation_backward(act, ax, ady, fast)));
+    ASSERT_TRUE(IsOk(ref::activation_backward(act, f64(ax), f64(ady), ref64)));
+    EXPECT_LT(max_rel_error(fast, want), kFastTol) << name;
+    EXPECT_LT(max_rel_error(ref64, want), kRounded) << name;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

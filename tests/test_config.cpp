@@ -341,7 +341,7 @@ TEST(Config, ErrorTopLevel) {
   EXPECT_EQ(errors("runtime: {threads: 1}\n"),
             "t.yaml:1:1: model: required key is missing (an experiment needs a `model:` mapping)");
   EXPECT_EQ(errors(kModel + "a: 1\n---\nb: 2\n"),
-            "t.yaml:4:1: a: unknown key (valid top-level keys: model, input, runtime, plugins, data, task, outputs, bench)\n"
+            "t.yaml:4:1: a: unknown key (valid top-level keys: model, input, runtime, plugins, data, task, outputs, bench, train)\n"
             "t.yaml:6:1: a second YAML document (after ---); a config file holds one "
             "(remove the `---` line and what follows, or split the file)");
 }

@@ -26,6 +26,11 @@ namespace {
 
 const std::string kPluginDir = TESSERA_TEST_PLUGIN_DIR;
 
+// A suffix for run folders of tests whose death-test child (a new process: its own pid) must find
+// the parent's folder: the same in both, and different for another build tree running its tests
+// on the same machine at the same time.
+std::string build_tag() { return "_" + std::to_string(std::hash<std::string>{}(TESSERA_BINARY_DIR)); }
+
 std::string temp_dir(const std::string& name) {
   const std::string d = ::testing::TempDir() + "tessera_run_" + name + "_" + std::to_string(getpid());
   fs::remove_all(d);
@@ -242,7 +247,7 @@ TEST(Runs, KilledAndResumedGivesByteIdenticalOutputs) {
   // and runs this test up to EXPECT_EXIT there (a plain fork() could inherit a lock held by a
   // thread of an earlier test). That process must find the same folder, so it has no pid in it.
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const std::string d = ::testing::TempDir() + "tessera_run_resume";
+  const std::string d = ::testing::TempDir() + "tessera_run_resume" + build_tag();
   fs::remove_all(d);
   fs::create_directories(d);
   const std::string data = lines_file(d, 40);
@@ -325,7 +330,7 @@ TEST(Runs, KilledAndResumedGivesByteIdenticalOutputs) {
 // byte-identical to one that was not.
 TEST(Runs, GenerateIsTheSameInAnyBatchAndResumesByteIdentical) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // as in KilledAndResumedGivesByteIdenticalOutputs
-  const std::string d = ::testing::TempDir() + "tessera_run_generate";
+  const std::string d = ::testing::TempDir() + "tessera_run_generate" + build_tag();
   fs::remove_all(d);
   fs::create_directories(d);
   const std::string data = lines_file(d, 12);  // lines 3 and 10 say FAIL
@@ -702,7 +707,7 @@ double max_relative_row_difference(const HiddenRun& a, const HiddenRun& b, int64
 
 TEST(Runs, HiddenStartsCountRowsAcrossBatches) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // as in KilledAndResumedGivesByteIdenticalOutputs
-  const std::string d = ::testing::TempDir() + "tessera_run_hidden_starts";
+  const std::string d = ::testing::TempDir() + "tessera_run_hidden_starts" + build_tag();
   fs::remove_all(d);
   fs::create_directories(d);
   const std::string data = lines_file(d, 23);  // 3 bad items; lines of 6 to 18 bytes
@@ -820,7 +825,7 @@ RunSummary resume_capturing(const Experiment& e, const std::string& out, std::st
 
 TEST(Runs, ResumeRedoesTheBatchesWhoseItemsChanged) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // as in KilledAndResumedGivesByteIdenticalOutputs
-  const std::string d = ::testing::TempDir() + "tessera_run_redo";
+  const std::string d = ::testing::TempDir() + "tessera_run_redo" + build_tag();
   fs::remove_all(d);
   fs::create_directories(d);
   const std::string data = lines_file(d, 40);  // 14 batches of 3

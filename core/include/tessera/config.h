@@ -262,6 +262,44 @@ struct BenchConfig {
   int reps = 10;
 };
 
+// ---------------------------------------------------------------------------------------------
+// Training (`tessera train`): the experiment's dataset, encoded by its plugin, trains the model.
+
+enum class Objective : int { auto_detect = 0, classify = 1, lm = 2 };
+enum class OptimizerKind : int { adamw = 0, sgd = 1 };
+enum class ScheduleKind : int { cosine = 0, linear = 1, constant = 2 };
+enum class TrainMetric : int { auto_detect = 0, loss = 1, accuracy = 2 };
+
+struct TrainConfig {
+  Objective objective = Objective::auto_detect;  // resolved: classify for a classifier head, lm for an LM head
+  int64_t epochs = 1;
+  int64_t max_steps = 0;   // optimizer steps; 0: epochs decide
+  int64_t batch_size = 32; // examples per optimizer step (split into `accumulate` micro-batches)
+  int64_t accumulate = 1;
+  int64_t seq_len = 0;     // lm: rows per training window; resolved: min(positions.max_len, 128)
+  int64_t seed = 0;        // data order, validation split, windows
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.01;
+  double momentum = 0.9;
+  bool nesterov = false;
+  std::vector<std::string> no_decay = {"norms", "biases", "embeddings"};
+  ScheduleKind schedule = ScheduleKind::cosine;
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.0;
+  double clip_norm = 1.0;  // 0: no clipping
+  double label_smoothing = 0.0;
+  double validation = 0.1;       // share of the data held out (seeded), unless validation_data is given
+  std::string validation_data;   // a dataset of its own for validation (same format rules as data.path)
+  std::string test_data;         // evaluated once at the end, with the best checkpoint
+  int64_t eval_every = 0;        // steps between evaluations; 0: at the end of each epoch
+  TrainMetric metric = TrainMetric::auto_detect;  // resolved: accuracy (classify) or loss (lm)
+  int64_t patience = 0;          // stop after this many evaluations without a better metric; 0: never
+  int64_t keep = 2;              // checkpoints kept
+  int64_t log_every = 10;        // steps between metrics.jsonl lines
+};
+
 struct Experiment {
   std::string file;  // absolute path of the experiment file
   ModelConfig model;
@@ -272,6 +310,7 @@ struct Experiment {
   DataConfig data;
   TaskConfig task;
   OutputsConfig outputs;
+  TrainConfig train;
   // Where every key that was written came from (key path -> location), for later diagnostics
   // (weights that do not fit name the key that chose them).
   std::map<std::string, Location> locations;
@@ -332,5 +371,9 @@ const char* pool_kind_name(PoolKind p);
 const char* model_source_name(ModelSource s);
 const char* data_format_name(DataFormat f);
 const char* task_kind_name(TaskKind t);
+const char* objective_name(Objective o);
+const char* optimizer_kind_name(OptimizerKind k);
+const char* schedule_kind_name(ScheduleKind k);
+const char* train_metric_name(TrainMetric m);
 
 }  // namespace tessera

@@ -15,6 +15,16 @@ namespace tessera {
 
 Result<std::string> read_file(const std::string& path);
 
+// FNV-1a, 64 bits: the content hash of run manifests and training configs (a fingerprint that
+// notices any change, not a defence against someone forging one). Chain calls through `h`.
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvOffset) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+std::string hex64(uint64_t h);  // 16 lowercase hex digits
+
 // Temp file in the same directory, write, fsync, rename, fsync the directory.
 Status write_file_atomic(const std::string& path, std::string_view bytes);
 

@@ -68,6 +68,9 @@ struct PluginInput {
 };
 Result<std::vector<DataItem>> read_dataset(const DataConfig& data, const std::vector<PluginInput>& plugins);
 
+// The bytes one part of an item hands its plugin: the whole file, or the text span.
+Result<std::string> item_part_bytes(const ItemPart& part);
+
 // ---------------------------------------------------------------------------------------------
 // Runs
 

@@ -22,7 +22,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
+#include "tessera/config.h"
 #include "tessera/model.h"
 #include "tessera/parameters.h"
 #include "tessera/status.h"
@@ -56,5 +60,48 @@ Tensor next_token_targets(const Batch& batch);
 // d loss / d parameter to *grads (which must hold a tensor of each parameter's shape).
 Result<LossValue> compute_gradients(const ModelConfig& cfg, const Parameters& params, const Batch& batch,
                                     const Targets& targets, Parameters* grads, const GradOptions& options = {});
+
+// ---------------------------------------------------------------------------------------------
+// `tessera train`: the experiment's dataset through its plugin, the model trained on it (train.*),
+// evaluated on the held-out part, checkpointed, and resumable to bit-identical weights.
+//
+// The run folder (outputs.dir) holds: metrics.jsonl (a line per log step and per evaluation),
+// checkpoints/ (step-N folders with weights.safetensors, optimizer state and the trainer's state;
+// `latest` names the newest), best.safetensors (the weights of the best evaluation, runnable as
+// model.weights.file), and summary.json. See docs/TRAINING.md.
+
+struct TrainOptions {
+  std::string out_dir;   // overrides outputs.dir when non-empty
+  bool resume = false;   // continue from the run folder's latest checkpoint
+  bool force = false;    // start over in a run folder that already has a training run
+  bool progress = true;  // a progress line on stderr
+  // Called after each optimizer step is done and logged (tests stop a run midway with it).
+  std::function<void(int64_t step)> on_step;
+};
+
+struct EvalResult {
+  double loss = 0;          // mean cross-entropy (nats)
+  double accuracy = -1;     // classify: share of items right; -1 for lm
+  double macro_f1 = -1;     // classify
+  double bits_per_token = -1;  // lm: loss / ln 2
+  int64_t counted = 0;      // items (classify) or predicted tokens (lm)
+  std::vector<std::vector<int64_t>> confusion;  // classify: [true][predicted]
+};
+
+struct TrainSummary {
+  std::string dir;
+  int64_t steps = 0;           // optimizer steps done in all
+  int64_t steps_resumed = 0;   // of them, done before a resume
+  int64_t examples = 0;        // training examples (classify) or windows (lm) per epoch
+  double last_loss = 0;        // training loss of the last step
+  EvalResult best;             // the best evaluation
+  int64_t best_step = 0;
+  EvalResult test;             // on train.test_data with the best weights (counted 0: none)
+  bool stopped_early = false;
+  double seconds = 0;
+  std::vector<std::string> classes;  // classify: the class names in index order
+};
+
+Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions& options);
 
 }  // namespace tessera

@@ -49,6 +49,13 @@ const Names<HeadKind> kHeadNames = {{"none", HeadKind::none},
                                     {"pool", HeadKind::pool},
                                     {"classifier", HeadKind::classifier},
                                     {"lm", HeadKind::lm}};
+const Names<Objective> kObjectiveNames = {
+    {"auto", Objective::auto_detect}, {"classify", Objective::classify}, {"lm", Objective::lm}};
+const Names<OptimizerKind> kOptimizerNames = {{"adamw", OptimizerKind::adamw}, {"sgd", OptimizerKind::sgd}};
+const Names<ScheduleKind> kScheduleNames = {
+    {"cosine", ScheduleKind::cosine}, {"linear", ScheduleKind::linear}, {"constant", ScheduleKind::constant}};
+const Names<TrainMetric> kMetricNames = {
+    {"auto", TrainMetric::auto_detect}, {"loss", TrainMetric::loss}, {"accuracy", TrainMetric::accuracy}};
 const Names<DataFormat> kDataFormatNames = {{"auto", DataFormat::auto_detect}, {"dir", DataFormat::dir},
                                             {"glob", DataFormat::glob},         {"manifest", DataFormat::manifest},
                                             {"fasta", DataFormat::fasta},       {"lines", DataFormat::lines}};
@@ -734,6 +741,25 @@ KeyRule data_path_key() {
   return r;
 }
 
+// A dataset path of the train section (validation_data, test_data): like data.path.
+KeyRule train_data_key(const std::string& path, std::string TrainConfig::*field, const std::string& meaning) {
+  KeyRule r;
+  r.spec = {path, "path", "none", meaning};
+  r.nullable = true;
+  r.read = [field](const Node& n, const std::string& key, WalkContext& c) {
+    const std::string text = n.is_scalar() ? n.text : "";
+    const bool glob = text.find_first_of("*?[") != std::string::npos;
+    return read_path(n, key, c, !glob, &(c.exp->train.*field));
+  };
+  r.print = [field](const Experiment& e) {
+    const std::string& v = e.train.*field;
+    return v.empty() ? std::string("null") : quote(v);
+  };
+  return r;
+}
+
+void append_train_keys(std::vector<KeyRule>& r);
+
 KeyRule task_labels_key() {
   KeyRule r;
   r.spec = {"task.labels", "path", "none",
@@ -1186,7 +1212,72 @@ std::vector<KeyRule> build_rules() {
                       FIELD(bench.seq_len)));
   r.push_back(int_key("bench.warmup", {0, ">= 0", kIntMax}, "2", "untimed runs before timing", FIELD(bench.warmup)));
   r.push_back(int_key("bench.reps", {1, ">= 1", kIntMax}, "10", "timed runs", FIELD(bench.reps)));
+  append_train_keys(r);
   return r;
+}
+
+// train.*: `tessera train` (docs/TRAINING.md).
+void append_train_keys(std::vector<KeyRule>& r) {
+  auto unit = [](double v) { return v >= 0 && v < 1; };
+  r.push_back(enum_key("train.objective", kObjectiveNames, "auto",
+                       "classify (labels of a classifier head) or lm (next-token loss of an LM head); auto: the head "
+                       "decides",
+                       FIELD(train.objective)));
+  r.push_back(int_key("train.epochs", kAtLeastOne, "1", "passes over the training data", FIELD(train.epochs)));
+  r.push_back(int_key("train.max_steps", kNonNegative, "0", "optimizer steps in all; 0: epochs decide",
+                      FIELD(train.max_steps)));
+  r.push_back(int_key("train.batch_size", kAtLeastOne, "32", "examples per optimizer step", FIELD(train.batch_size)));
+  r.push_back(int_key("train.accumulate", kAtLeastOne, "1",
+                      "micro-batches per step (gradient accumulation): batch_size must divide by it",
+                      FIELD(train.accumulate)));
+  r.push_back(int_key("train.seq_len", kAtLeastOne, "min(positions.max_len, 128)",
+                      "lm: rows per training window of the token stream", FIELD(train.seq_len)));
+  r.push_back(int_key("train.seed", kNonNegative, "0", "seed of the data order, the validation split and the windows",
+                      FIELD(train.seed)));
+  r.push_back(enum_key("train.optimizer", kOptimizerNames, "adamw",
+                       "adamw (decoupled weight decay) or sgd (momentum, L2 decay)", FIELD(train.optimizer)));
+  r.push_back(float_key("train.lr", "0.001", "peak learning rate", FIELD(train.lr)));
+  r.push_back(float_range_key("train.beta1", "in [0, 1)", +unit, "0.9", "adamw: first-moment decay", FIELD(train.beta1)));
+  r.push_back(float_range_key("train.beta2", "in [0, 1)", +unit, "0.999", "adamw: second-moment decay",
+                              FIELD(train.beta2)));
+  r.push_back(float_key("train.eps", "1e-08", "adamw: added to the root of the second moment", FIELD(train.eps)));
+  r.push_back(float_range_key("train.weight_decay", ">= 0", [](double v) { return v >= 0; }, "0.01",
+                              "weight decay of the parameters not in no_decay", FIELD(train.weight_decay)));
+  r.push_back(float_range_key("train.momentum", "in [0, 1)", +unit, "0.9", "sgd: momentum", FIELD(train.momentum)));
+  r.push_back(bool_key("train.nesterov", "false", "sgd: Nesterov momentum", FIELD(train.nesterov)));
+  r.push_back(string_list_key("train.no_decay",
+                              "parameter groups without weight decay: norms, biases, embeddings (default all three)",
+                              FIELD(train.no_decay)));
+  r.push_back(enum_key("train.schedule", kScheduleNames, "cosine",
+                       "the learning rate after warmup: cosine or linear decay to min_lr_ratio, or constant",
+                       FIELD(train.schedule)));
+  r.push_back(int_key("train.warmup_steps", kNonNegative, "0", "steps of linear warmup from 0",
+                      FIELD(train.warmup_steps)));
+  r.push_back(float_range_key("train.min_lr_ratio", "in [0, 1]", [](double v) { return v >= 0 && v <= 1; }, "0",
+                              "the learning rate at the last step, as a share of lr", FIELD(train.min_lr_ratio)));
+  r.push_back(float_range_key("train.clip_norm", ">= 0", [](double v) { return v >= 0; }, "1",
+                              "global gradient-norm clipping; 0: none", FIELD(train.clip_norm)));
+  r.push_back(float_range_key("train.label_smoothing", "in [0, 1)", +unit, "0",
+                              "share of each target's probability spread evenly over the classes",
+                              FIELD(train.label_smoothing)));
+  r.push_back(float_range_key("train.validation", "in [0, 1)", +unit, "0.1",
+                              "share of the data held out for validation (seeded), unless validation_data is given",
+                              FIELD(train.validation)));
+  r.push_back(train_data_key("train.validation_data", &TrainConfig::validation_data,
+                             "a dataset of its own for validation; relative to the YAML file"));
+  r.push_back(train_data_key("train.test_data", &TrainConfig::test_data,
+                             "a test set, evaluated once at the end with the best checkpoint"));
+  r.push_back(int_key("train.eval_every", kNonNegative, "0", "steps between evaluations; 0: at the end of each epoch",
+                      FIELD(train.eval_every)));
+  r.push_back(enum_key("train.metric", kMetricNames, "auto",
+                       "what picks the best checkpoint and early stopping: accuracy (classify) or loss (lm)",
+                       FIELD(train.metric)));
+  r.push_back(int_key("train.patience", kNonNegative, "0",
+                      "stop after this many evaluations without a better metric; 0: never", FIELD(train.patience)));
+  r.push_back(int_key("train.keep", kAtLeastOne, "2", "checkpoints kept (the best is kept as well)",
+                      FIELD(train.keep)));
+  r.push_back(int_key("train.log_every", kAtLeastOne, "10", "steps between metrics.jsonl lines",
+                      FIELD(train.log_every)));
 }
 
 #undef FIELD
@@ -1523,6 +1614,30 @@ void resolve(WalkContext& c) {
   resolve_input(c);
   BenchConfig& b = c.exp->bench;
   if (!c.is_given("bench.seq_len")) b.seq_len = std::min<int64_t>(c.exp->model.positions.max_len, 128);
+
+  TrainConfig& t = c.exp->train;
+  const HeadKind head = c.exp->model.head.kind;
+  if (t.objective == Objective::auto_detect && head == HeadKind::lm) t.objective = Objective::lm;
+  if (t.objective == Objective::auto_detect && head == HeadKind::classifier) t.objective = Objective::classify;
+  if (c.is_given("train.objective") && t.objective == Objective::classify && head != HeadKind::classifier)
+    c.error(c.where("train.objective"), "train.objective",
+            std::string("classify needs a classifier head, but model.head.kind is ") + head_kind_name(head),
+            "set model.head.kind: classifier and n_classes, or train.objective: lm with an LM head");
+  if (c.is_given("train.objective") && t.objective == Objective::lm && head != HeadKind::lm)
+    c.error(c.where("train.objective"), "train.objective",
+            std::string("lm needs an LM head, but model.head.kind is ") + head_kind_name(head),
+            "set model.head.kind: lm");
+  if (!c.is_given("train.seq_len")) t.seq_len = std::min<int64_t>(c.exp->model.positions.max_len, 128);
+  if (t.metric == TrainMetric::auto_detect && t.objective != Objective::auto_detect)
+    t.metric = t.objective == Objective::classify ? TrainMetric::accuracy : TrainMetric::loss;
+  if (t.batch_size % t.accumulate != 0)
+    c.error(c.where("train.accumulate"), "train.accumulate",
+            "batch_size " + str(t.batch_size) + " does not divide into " + str(t.accumulate) + " micro-batches",
+            "choose accumulate so that batch_size / accumulate is a whole number");
+  for (const std::string& g : t.no_decay)
+    if (g != "norms" && g != "biases" && g != "embeddings")
+      c.error(c.where("train.no_decay"), "train.no_decay", "unknown parameter group \"" + g + "\"",
+              "the groups are norms, biases and embeddings");
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -1629,5 +1744,9 @@ const char* pool_kind_name(PoolKind p) { return config::name_of(config::kPoolNam
 const char* model_source_name(ModelSource s) { return config::name_of(config::kSourceNames, s); }
 const char* data_format_name(DataFormat f) { return config::name_of(config::kDataFormatNames, f); }
 const char* task_kind_name(TaskKind t) { return config::name_of(config::kTaskNames, t); }
+const char* objective_name(Objective o) { return config::name_of(config::kObjectiveNames, o); }
+const char* optimizer_kind_name(OptimizerKind k) { return config::name_of(config::kOptimizerNames, k); }
+const char* schedule_kind_name(ScheduleKind k) { return config::name_of(config::kScheduleNames, k); }
+const char* train_metric_name(TrainMetric m) { return config::name_of(config::kMetricNames, m); }
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-# File I/O part of libtessera: plain files (fileio), safetensors and .npy.
+# File I/O part of libtessera: plain files (fileio), safetensors, .npy.
 target_sources(tessera PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/fileio.cpp
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cpp

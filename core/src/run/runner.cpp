@@ -61,17 +61,6 @@ struct EncodedBatch {
   std::vector<std::pair<int64_t, uint64_t>> item_hashes;  // (item, item_content_hash), while encoding
 };
 
-constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-std::string hex64(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
 
 // One JSON line. Text that is not UTF-8 (a token that is a lone byte, a Latin-1 file name) is
 // written with U+FFFD in place of the bad bytes rather than refused.
@@ -348,6 +337,8 @@ void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
                std::to_string(s.modalities) + " modality embeddings for " + std::to_string(exp.plugins.size()) + " plugins",
                "give at least one per plugin");
 }
+
+Result<std::string> item_part_bytes(const ItemPart& part) { return item_bytes(part); }
 
 Result<DatasetPreview> preview_dataset(const Experiment& exp, int64_t max_items) {
   std::vector<std::shared_ptr<const Plugin>> plugins;

@@ -1,7 +1,10 @@
-# Training: optimizers, learning-rate schedules and gradient helpers (tessera/optim.h). No oneDNN.
+# Training part of libtessera: checkpoints, and the optimizers, schedules and gradient helpers
+# (tessera/optim.h). No oneDNN here.
 target_sources(tessera PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optim.cpp)
-# The arithmetic as written: no multiply-adds fused behind the code's back (torch's rounding, and
-# the same bits with and without FMA instructions); sqrt without errno, so its loops vectorise.
+# The optimizer's arithmetic as written: no multiply-adds fused behind the code's back (torch's
+# rounding, and the same bits with and without FMA instructions); sqrt without errno, so its loops
+# vectorise.
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/optim.cpp PROPERTIES
   COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno")
