@@ -361,6 +361,42 @@ TEST(GradFixtures, RefusesWhatItCannotTrain) {
   EXPECT_NE(r.status().message().find("999"), std::string::npos) << r.status().message();
 }
 
+// Fine-tuning: a Hugging Face folder with a head it does not have (a new classifier) loads with
+// that head drawn from model.init, and every parameter, the folder's and the new head's, gets a
+// finite gradient — the encoder's too (the loss reaches it through the head).
+TEST(GradFixtures, AHuggingFaceFolderTrainsANewHead) {
+  const std::string yaml = "model:\n  from: hf\n  path: " + std::string(TESSERA_TEST_DATA) +
+                           "/hf/bert/model\n  head: {kind: classifier, n_classes: 3}\n  init: {seed: 7}\n";
+  Diagnostics diags;
+  std::optional<Experiment> exp = load_experiment_from_string(yaml, "ft.yaml", ".", {}, &diags);
+  ASSERT_TRUE(exp) << diags.str();
+  bool noted = false;
+  for (const std::string& n : exp->model.notes) noted = noted || n.find("head.w") != std::string::npos;
+  EXPECT_TRUE(noted) << "the import says the new head was initialised";
+  auto resolved = Parameters::resolve(exp->model);
+  ASSERT_TRUE(resolved.ok()) << resolved.status().message();
+  const Parameters params = resolved->clone();
+  Parameters grads = params.zeros_like();
+  Batch batch = Batch::from_ids({2, 5, 7, 9, 3});
+  Targets t;
+  t.labels = Tensor::from_ids({1}, {2});
+  Result<LossValue> r = compute_gradients(exp->model, params, batch, t, &grads);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_GT(r->loss, 0.0);
+  for (const auto& [name, g] : grads) {
+    double ss = 0;
+    for (float v : g.to_vector()) ss += static_cast<double>(v) * v;
+    EXPECT_TRUE(std::isfinite(ss)) << name;
+    if (name == "head.w" || name == "stem.embed" || name == "blocks.0.attn.w_v") EXPECT_GT(ss, 0.0) << name;
+  }
+  // The same seed draws the same head; the folder's tensors are the folder's.
+  std::optional<Experiment> again = load_experiment_from_string(yaml, "ft.yaml", ".", {}, &diags);
+  ASSERT_TRUE(again);
+  auto p2 = Parameters::resolve(again->model);
+  ASSERT_TRUE(p2.ok());
+  EXPECT_EQ(p2->find("head.w")->to_vector(), params.find("head.w")->to_vector());
+}
+
 // Every case in the folder is one of kCases, so that a new fixture cannot go untested.
 TEST(GradFixtures, EveryCaseIsTested) {
   std::set<std::string> found;

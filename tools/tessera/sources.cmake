@@ -10,6 +10,7 @@ add_executable(tessera_cli
   ${CMAKE_CURRENT_LIST_DIR}/cmd_bench_attention.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_export.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_grad.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cmd_train.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_run.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_search.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_drift.cpp

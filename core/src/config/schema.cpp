@@ -18,6 +18,7 @@
 #include "config/expr.h"
 #include "tessera/hf.h"
 #include "tessera/model.h"
+#include "tessera/random.h"
 
 namespace tessera {
 namespace config {
@@ -1303,10 +1304,11 @@ void resolve_hf_model(WalkContext& c) {
   const std::string folder_json = m.path + "/config.json";
   for (const std::string& k : c.given) {
     if (k.rfind("model.", 0) != 0 || k == "model.from" || k == "model.path" || k == "model.name" ||
-        k == "model.dtype" || k.rfind("model.head.", 0) == 0 || k == "model.include")
+        k == "model.dtype" || k.rfind("model.head.", 0) == 0 || k.rfind("model.init.", 0) == 0 ||
+        k == "model.include")
       continue;
     c.error(c.where(k), k, "is set by " + folder_json + " (model.from is hf)",
-            "remove it; beside from: hf only name, dtype and head keys may be set");
+            "remove it; beside from: hf only name, dtype, init and head keys may be set");
   }
   hf::ImportOptions opt;
   for (const PluginConfig& pc : c.exp->plugins)
@@ -1325,6 +1327,7 @@ void resolve_hf_model(WalkContext& c) {
   m = f->model;
   if (c.is_given("model.name")) m.name = user.name;
   if (c.is_given("model.dtype")) m.dtype = user.dtype;
+  m.init = user.init;  // seeds a new head (below); the folder's own tensors are never initialised
   const bool kind_changed = c.is_given("model.head.kind") && user.head.kind != m.head.kind;
   if (kind_changed) {  // keep what still fits the new head: the pooling and pooler of a pooled head
     const HeadConfig was = m.head;
@@ -1358,6 +1361,22 @@ void resolve_hf_model(WalkContext& c) {
     }
     m.notes.push_back(it->second.source + " is not used by the head the YAML chose");
     it = m.weights.imported.erase(it);
+  }
+  // A head the folder does not have (fine-tuning a new classifier): its tensors are drawn from
+  // model.init (seeded per tensor name), biases zero. Only head tensors: a folder that lacks any
+  // other tensor is still refused.
+  for (const ParamSpec& p : parameter_specs(m)) {
+    if (p.name.rfind("head.", 0) != 0 || m.weights.imported.count(p.name)) continue;
+    Tensor t = Tensor::zeros(p.shape);
+    if (p.init == ParamSpec::Init::ones) t = Tensor::full(p.shape, 1.f);
+    if (p.init == ParamSpec::Init::matrix) {
+      Rng rng(m.init.seed ^ std::hash<std::string>{}(p.name));
+      Tensor w = p.shape.rank() == 1 ? t.reshape({1, p.shape[0]}) : t;
+      init_matrix(w, m.init.scheme, m.init.std, rng);
+    }
+    m.weights.imported[p.name] = {t, "initialised (model.init, seed " + std::to_string(m.init.seed) +
+                                         "): the folder has no " + p.name};
+    m.notes.push_back(p.name + " " + p.shape.str() + ": not in the folder, initialised for training");
   }
   if (!c.is_given("plugins") && !c.is_bad("plugins") && !f->plugin.empty()) {
     // No plugins written: the folder's modality plugin, found on the search path.

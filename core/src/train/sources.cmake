@@ -1,6 +1,7 @@
-# Training part of libtessera: checkpoints, and the optimizers, schedules and gradient helpers
-# (tessera/optim.h). No oneDNN here.
+# Training part of libtessera: the training loop, checkpoints, optimizers, learning-rate schedules
+# and gradient helpers (tessera/train.h, checkpoint.h, optim.h). No oneDNN here.
 target_sources(tessera PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/trainer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optim.cpp)
 # The optimizer's arithmetic as written: no multiply-adds fused behind the code's back (torch's

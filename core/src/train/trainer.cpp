@@ -1,0 +1,650 @@
+// `tessera train`: data in (the experiment's dataset through its plugin, encoded once), the model
+// trained step by step (compute_gradients, clipping, the optimizer at the scheduled rate),
+// evaluated on the held-out part, checkpointed, and resumable to bit-identical weights.
+//
+// Everything random is a function of (train.seed, step): the data order of an epoch is a seeded
+// permutation, an LM window's offset a draw seeded by (seed, step, example). So a checkpoint needs
+// no generator state beyond its step, and a resumed run does exactly what the uninterrupted one did.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <unistd.h>
+
+#include "tessera/checkpoint.h"
+#include "tessera/fileio.h"
+#include "tessera/optim.h"
+#include "tessera/plugin.h"
+#include "tessera/plugins.h"
+#include "tessera/random.h"
+#include "tessera/run.h"
+#include "tessera/safetensors.h"
+#include "tessera/train.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Data: every item encoded once, kept in memory.
+
+struct Example {
+  std::vector<int32_t> ids;    // token rows
+  std::vector<float> rows;     // feature rows, n × F
+  std::vector<uint8_t> roles;  // per row
+  int32_t label = -1;
+  int64_t n() const { return static_cast<int64_t>(roles.size()); }
+};
+
+struct Encoded {
+  bool ids = true;             // token ids, else feature rows
+  int64_t width = 0;           // F
+  std::vector<Example> items;  // classify
+  std::vector<int32_t> stream; // lm: every item's ids, one after another
+  int64_t failed = 0;
+  std::vector<std::string> errors;
+};
+
+struct Source {
+  std::shared_ptr<const Plugin> plugin;
+  Encoder encoder;
+};
+
+Result<Source> open_plugin(const Experiment& exp) {
+  if (exp.plugins.size() != 1)
+    return Status::Invalid("train: the experiment needs exactly one plugin (found " +
+                           std::to_string(exp.plugins.size()) + "); multimodal training is not supported yet");
+  Result<std::shared_ptr<const Plugin>> p = Plugin::load(exp.plugins[0].file);
+  if (!p.ok()) return p.status();
+  Result<Encoder> e = Encoder::create(*p, exp.plugins[0].options);
+  if (!e.ok()) return e.status();
+  return Source{*p, std::move(e).value()};
+}
+
+// The class of an item: its label (a manifest column, an IDX labels file) or, for a directory
+// dataset, the name of its parent folder; a class name, or a class number.
+std::string label_text(const DataItem& item) {
+  if (item.label) return *item.label;
+  const fs::path id(item.id);
+  return id.has_parent_path() ? id.parent_path().filename().string() : std::string();
+}
+
+// Class names in index order: model.head.labels when given, else the labels found, sorted (numbers
+// numerically when every label is a number).
+std::vector<std::string> class_names(const ModelConfig& m, const std::vector<DataItem>& items) {
+  if (!m.head.labels.empty()) return m.head.labels;
+  std::vector<std::string> names;
+  for (const DataItem& it : items) {
+    const std::string l = label_text(it);
+    if (!l.empty() && std::find(names.begin(), names.end(), l) == names.end()) names.push_back(l);
+  }
+  const bool numbers = std::all_of(names.begin(), names.end(), [](const std::string& s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  });
+  if (numbers)
+    std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;
+    });
+  else
+    std::sort(names.begin(), names.end());
+  return names;
+}
+
+int32_t class_index(const std::vector<std::string>& classes, const std::string& label) {
+  auto it = std::find(classes.begin(), classes.end(), label);
+  if (it != classes.end()) return static_cast<int32_t>(it - classes.begin());
+  if (!label.empty() && std::all_of(label.begin(), label.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+      label.size() < 9) {
+    const int64_t v = std::stoll(label);
+    if (v < static_cast<int64_t>(classes.size())) return static_cast<int32_t>(v);
+  }
+  return -1;
+}
+
+// Encodes a dataset. Bad items are counted and their reasons kept; they do not stop training.
+Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Source& src,
+                       const std::vector<std::string>& classes, bool lm) {
+  std::vector<PluginInput> inputs = {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}};
+  Result<std::vector<DataItem>> items = read_dataset(data, inputs);
+  if (!items.ok()) return items.status();
+  Encoded e;
+  e.ids = src.encoder.info().rows_kind == TSR_ROWS_IDS;
+  e.width = e.ids ? 0 : src.encoder.info().width;
+  for (const DataItem& item : *items) {
+    auto fail = [&](const std::string& why) {
+      ++e.failed;
+      if (e.errors.size() < 20) e.errors.push_back(item.id + ": " + why);
+    };
+    if (!item.error.empty()) {
+      fail(item.error);
+      continue;
+    }
+    int32_t label = -1;
+    if (!lm) {
+      label = class_index(classes, label_text(item));
+      if (label < 0) {
+        fail("label \"" + label_text(item) + "\" is not one of the " + std::to_string(classes.size()) + " classes");
+        continue;
+      }
+    }
+    Result<std::string> bytes = item_part_bytes(item.parts[0]);
+    if (!bytes.ok()) {
+      fail(bytes.status().message());
+      continue;
+    }
+    PluginItem pi;
+    pi.id = item.id;
+    pi.source = item.parts[0].path;
+    pi.data = *bytes;
+    pi.source_offset = item.parts[0].offset;
+    pi.source_line = item.parts[0].line;
+    Result<std::vector<TokenRows>> rows = src.encoder.encode(pi);
+    if (!rows.ok()) {
+      fail(rows.status().message());
+      continue;
+    }
+    for (const TokenRows& r : *rows) {
+      if (lm) {
+        e.stream.insert(e.stream.end(), r.ids.begin(), r.ids.end());
+        continue;
+      }
+      Example ex;
+      ex.label = label;
+      ex.roles = r.roles;
+      if (e.ids) ex.ids = r.ids;
+      else ex.rows.assign(r.features.data<float>(), r.features.data<float>() + r.features.numel());
+      e.items.push_back(std::move(ex));
+    }
+  }
+  (void)exp;
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches
+
+// The examples idx of `data` as one padded batch (classify).
+Batch make_batch(const Encoded& data, const std::vector<const Example*>& ex, Tensor* labels) {
+  const int64_t B = static_cast<int64_t>(ex.size());
+  int64_t T = 1;
+  for (const Example* e : ex) T = std::max(T, e->n());
+  Batch b;
+  b.roles = Tensor::zeros({B, T}, DType::u8);
+  if (data.ids) b.ids = Tensor::zeros({B, T}, DType::i32);
+  else b.rows = Tensor::zeros({B, T, data.width});
+  *labels = Tensor::empty({B}, DType::i32);
+  for (int64_t i = 0; i < B; ++i) {
+    const Example& e = *ex[static_cast<size_t>(i)];
+    b.lengths.push_back(e.n());
+    labels->data<int32_t>()[i] = e.label;
+    std::copy(e.roles.begin(), e.roles.end(), b.roles.data<uint8_t>() + i * T);
+    for (int64_t t = e.n(); t < T; ++t) b.roles.data<uint8_t>()[i * T + t] = TSR_ROLE_PAD;
+    if (data.ids) std::copy(e.ids.begin(), e.ids.end(), b.ids.data<int32_t>() + i * T);
+    else std::copy(e.rows.begin(), e.rows.end(), b.rows.data<float>() + i * T * data.width);
+  }
+  return b;
+}
+
+// LM windows: seq_len + 1 ids from `offsets`, the first seq_len as input, the last seq_len as targets.
+Batch make_windows(const std::vector<int32_t>& stream, const std::vector<int64_t>& offsets, int64_t T,
+                   Tensor* targets) {
+  const int64_t B = static_cast<int64_t>(offsets.size());
+  Batch b;
+  b.ids = Tensor::empty({B, T}, DType::i32);
+  *targets = Tensor::empty({B, T}, DType::i32);
+  for (int64_t i = 0; i < B; ++i) {
+    const int32_t* s = stream.data() + offsets[static_cast<size_t>(i)];
+    std::copy(s, s + T, b.ids.data<int32_t>() + i * T);
+    std::copy(s + 1, s + T + 1, targets->data<int32_t>() + i * T);
+  }
+  return b;
+}
+
+// A seeded permutation of [0, n): Fisher–Yates with the draws of Rng(seed).
+std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), 0);
+  Rng rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(p[static_cast<size_t>(i)], p[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
+  return p;
+}
+
+uint64_t mix(uint64_t a, uint64_t b) { return fnv1a(&b, sizeof b, fnv1a(&a, sizeof a)); }
+
+// ---------------------------------------------------------------------------------------------
+// Evaluation: the inference path on the current weights.
+
+double cross_entropy_row(const float* z, int64_t V, int32_t y) {
+  double mx = z[0];
+  for (int64_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+  double s = 0;
+  for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(z[v]) - mx);
+  return std::log(s) + mx - z[y];
+}
+
+Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, const Encoded& data, int64_t batch) {
+  const ModelConfig& c = exp.model;
+  Result<Model> m = Model::build(c, params);
+  if (!m.ok()) return m.status();
+  EvalResult r;
+  ForwardOptions fo;
+  fo.reference = exp.runtime.reference;
+  double total = 0;
+  if (exp.train.objective == Objective::classify) {
+    const int64_t K = c.head.n_classes;
+    r.confusion.assign(static_cast<size_t>(K), std::vector<int64_t>(static_cast<size_t>(K), 0));
+    int64_t right = 0;
+    for (size_t i0 = 0; i0 < data.items.size(); i0 += static_cast<size_t>(batch)) {
+      std::vector<const Example*> ex;
+      for (size_t i = i0; i < std::min(data.items.size(), i0 + static_cast<size_t>(batch)); ++i) ex.push_back(&data.items[i]);
+      Tensor labels;
+      const Batch b = make_batch(data, ex, &labels);
+      Outputs out;
+      TSR_RETURN_IF_ERROR(m->forward(b, fo, &out));
+      for (size_t i = 0; i < ex.size(); ++i) {
+        const float* z = out.logits.data<float>() + static_cast<int64_t>(i) * K;
+        const int32_t y = ex[i]->label;
+        total += cross_entropy_row(z, K, y);
+        const int64_t pred = std::max_element(z, z + K) - z;
+        right += pred == y;
+        ++r.confusion[static_cast<size_t>(y)][static_cast<size_t>(pred)];
+      }
+    }
+    r.counted = static_cast<int64_t>(data.items.size());
+    r.accuracy = r.counted ? static_cast<double>(right) / static_cast<double>(r.counted) : 0;
+    double f1 = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      int64_t tp = r.confusion[static_cast<size_t>(k)][static_cast<size_t>(k)], fp = 0, fn = 0;
+      for (int64_t j = 0; j < K; ++j)
+        if (j != k) {
+          fp += r.confusion[static_cast<size_t>(j)][static_cast<size_t>(k)];
+          fn += r.confusion[static_cast<size_t>(k)][static_cast<size_t>(j)];
+        }
+      f1 += tp ? 2.0 * static_cast<double>(tp) / static_cast<double>(2 * tp + fp + fn) : 0.0;
+    }
+    r.macro_f1 = f1 / static_cast<double>(K);
+  } else {
+    // Non-overlapping windows over the whole held-out stream; each predicts seq_len tokens.
+    const int64_t T = exp.train.seq_len, V = c.stem.vocab_size;
+    const int64_t n = (static_cast<int64_t>(data.stream.size()) - 1) / T;
+    for (int64_t w0 = 0; w0 < n; w0 += batch) {
+      std::vector<int64_t> offsets;
+      for (int64_t w = w0; w < std::min(n, w0 + batch); ++w) offsets.push_back(w * T);
+      Tensor targets;
+      const Batch b = make_windows(data.stream, offsets, T, &targets);
+      Outputs out;
+      TSR_RETURN_IF_ERROR(m->forward(b, fo, &out));
+      for (int64_t i = 0; i < targets.numel(); ++i)
+        total += cross_entropy_row(out.logits.data<float>() + i * V, V, targets.data<int32_t>()[i]);
+      r.counted += targets.numel();
+    }
+    r.bits_per_token = r.counted ? total / static_cast<double>(r.counted) / std::log(2.0) : 0;
+  }
+  r.loss = r.counted ? total / static_cast<double>(r.counted) : 0;
+  return r;
+}
+
+// A weights file written by Parameters::save, as owned f32 parameters of the model.
+Result<Parameters> load_weights(const std::string& path, const ModelConfig& c) {
+  TSR_ASSIGN_OR_RETURN(safetensors::File f, safetensors::File::open(path));
+  std::vector<Parameters::Entry> entries;
+  for (const ParamSpec& s : parameter_specs(c)) {
+    TSR_ASSIGN_OR_RETURN(Tensor t, f.get(s.name));
+    entries.emplace_back(s.name, t);
+  }
+  Parameters p(std::move(entries));
+  TSR_RETURN_IF_ERROR(p.check(c));
+  return p.clone();
+}
+
+json eval_json(const EvalResult& e) {
+  json j = {{"loss", e.loss}, {"counted", e.counted}};
+  if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
+  if (e.macro_f1 >= 0) j["macro_f1"] = e.macro_f1;
+  if (e.bits_per_token >= 0) j["bits_per_token"] = e.bits_per_token;
+  return j;
+}
+
+// Higher is better for accuracy, lower for loss.
+bool better(TrainMetric m, const EvalResult& a, const EvalResult& b) {
+  return m == TrainMetric::accuracy ? a.accuracy > b.accuracy : a.loss < b.loss;
+}
+
+// What a changed config would change in the arithmetic: everything but where the run is written,
+// how often it logs, and how far it goes (epochs and max_steps may grow on a resume).
+std::string config_hash(const Experiment& exp) {
+  Experiment e = exp;
+  e.outputs.dir.clear();
+  e.train.log_every = 0;
+  e.train.epochs = 0;
+  e.train.max_steps = 0;
+  e.train.patience = 0;
+  const std::string y = to_yaml(e);
+  return hex64(fnv1a(y.data(), y.size()));
+}
+
+OptimizerOptions optimizer_options(const TrainConfig& t) {
+  OptimizerOptions o;
+  o.kind = t.optimizer == OptimizerKind::adamw ? OptimizerOptions::Kind::adamw : OptimizerOptions::Kind::sgd;
+  o.lr = t.lr;
+  o.beta1 = t.beta1;
+  o.beta2 = t.beta2;
+  o.eps = t.eps;
+  o.weight_decay = t.weight_decay;
+  o.momentum = t.momentum;
+  o.nesterov = t.nesterov;
+  o.no_decay = t.no_decay;
+  return o;
+}
+
+ScheduleOptions schedule_options(const TrainConfig& t) {
+  ScheduleOptions s;
+  s.kind = t.schedule == ScheduleKind::cosine   ? ScheduleOptions::Kind::cosine
+           : t.schedule == ScheduleKind::linear ? ScheduleOptions::Kind::linear
+                                                : ScheduleOptions::Kind::constant;
+  s.warmup_steps = t.warmup_steps;
+  s.min_lr_ratio = t.min_lr_ratio;
+  return s;
+}
+
+// metrics.jsonl: kept up to the checkpoint a resumed run starts from, then appended to.
+Status trim_metrics(const std::string& path, int64_t last_step) {
+  std::ifstream f(path);
+  std::string kept, line;
+  while (std::getline(f, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("step", int64_t{0}) <= last_step) kept += line + "\n";
+  }
+  return write_file_atomic(path, kept);
+}
+
+class Progress {
+ public:
+  explicit Progress(bool on) : on_(on), tty_(on && isatty(2)) {}
+  void step(int64_t epoch, int64_t step, int64_t total, double loss, double lr, double per_s, double eta) {
+    if (!on_) return;
+    std::fprintf(stderr, "%sepoch %lld  step %lld/%lld  loss %.4f  lr %.3g  %.0f ex/s  ETA %s%s", tty_ ? "\r" : "",
+                 static_cast<long long>(epoch + 1), static_cast<long long>(step), static_cast<long long>(total), loss,
+                 lr, per_s, clock(eta).c_str(), tty_ ? "   " : "\n");
+    std::fflush(stderr);
+  }
+  void line(const std::string& s) {
+    if (!on_) return;
+    std::fprintf(stderr, "%s%s\n", tty_ ? "\r" : "", s.c_str());
+  }
+
+ private:
+  static std::string clock(double s) {
+    const int64_t t = static_cast<int64_t>(s + 0.5);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+    return buf;
+  }
+  bool on_, tty_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ModelConfig& c = exp.model;
+  const TrainConfig& tc = exp.train;
+  if (tc.objective == Objective::auto_detect)
+    return Status::Invalid("train: the model has neither a classifier nor an LM head (model.head.kind is " +
+                           std::string(head_kind_name(c.head.kind)) + "): nothing to train it for");
+  if (exp.data.path.empty()) return Status::Invalid("train: the experiment has no data.path");
+  const bool lm = tc.objective == Objective::lm;
+  TrainSummary sum;
+  sum.dir = opt.out_dir.empty() ? exp.outputs.dir : opt.out_dir;
+  if (sum.dir.empty()) sum.dir = "runs/" + fs::path(exp.file).stem().string();  // as tessera run names it
+  const std::string ckpt_dir = (fs::path(sum.dir) / "checkpoints").string();
+  const std::string metrics_path = (fs::path(sum.dir) / "metrics.jsonl").string();
+  std::error_code ec;
+  if (fs::exists(ckpt_dir, ec) && !opt.resume && !opt.force)
+    return Status::Invalid("train: " + sum.dir + " already holds a training run: pass --resume to continue it, "
+                                 "or --force to start over");
+  if (opt.force && !opt.resume) {
+    fs::remove_all(ckpt_dir, ec);
+    fs::remove(metrics_path, ec);
+  }
+  fs::create_directories(sum.dir, ec);
+  if (ec) return Status::IoError("train: cannot create " + sum.dir + ": " + ec.message());
+  Progress progress(opt.progress);
+
+  // Data.
+  TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
+  std::vector<std::string> classes;
+  if (!lm) {
+    Result<std::vector<DataItem>> listed =
+        read_dataset(exp.data, {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}});
+    if (!listed.ok()) return listed.status().with_prefix("data.path");
+    classes = class_names(c, *listed);
+    if (static_cast<int64_t>(classes.size()) != c.head.n_classes)
+      return Status::Invalid("train: the data has " + std::to_string(classes.size()) + " classes but model.head.n_classes is " +
+                             std::to_string(c.head.n_classes) + " (give model.head.labels to name them in order)");
+  }
+  sum.classes = classes;
+  TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, classes, lm));
+  if (all.failed) progress.line("train: " + std::to_string(all.failed) + " item(s) could not be read: " + all.errors[0]);
+  Encoded train = all, val;
+  val.ids = all.ids;
+  val.width = all.width;
+  if (!tc.validation_data.empty()) {
+    DataConfig vd = exp.data;
+    vd.path = tc.validation_data;
+    vd.limit = 0;
+    TSR_ASSIGN_OR_RETURN(val, encode(exp, vd, src, classes, lm));
+  } else if (lm) {  // the last share of the stream, as corpora are split
+    const size_t cut = static_cast<size_t>(static_cast<double>(all.stream.size()) * (1.0 - tc.validation));
+    val.stream.assign(all.stream.begin() + static_cast<std::ptrdiff_t>(cut), all.stream.end());
+    train.stream.resize(cut);
+  } else {  // a seeded share of the items
+    const std::vector<int64_t> p = permutation(static_cast<int64_t>(all.items.size()), mix(tc.seed, 0x5ab1e));
+    const size_t n_val = static_cast<size_t>(static_cast<double>(p.size()) * tc.validation);
+    std::vector<char> is_val(p.size(), 0);
+    for (size_t i = 0; i < n_val; ++i) is_val[static_cast<size_t>(p[i])] = 1;
+    train.items.clear();
+    for (size_t i = 0; i < all.items.size(); ++i) (is_val[i] ? val.items : train.items).push_back(all.items[i]);
+  }
+  const int64_t T = tc.seq_len;
+  const int64_t n_train = lm ? (static_cast<int64_t>(train.stream.size()) - T - 1) : static_cast<int64_t>(train.items.size());
+  if (n_train <= 0)
+    return Status::Invalid(lm ? "train: the training text has " + std::to_string(train.stream.size()) +
+                                    " tokens, fewer than one window of train.seq_len + 1 = " + std::to_string(T + 1)
+                              : std::string("train: no training items"));
+  // An epoch: every item once (classify), or as many windows as the stream holds tokens (lm).
+  const int64_t per_epoch = lm ? std::max<int64_t>(1, n_train / T) : n_train;
+  const int64_t steps_per_epoch = (per_epoch + tc.batch_size - 1) / tc.batch_size;
+  const int64_t total = tc.max_steps > 0 ? tc.max_steps : tc.epochs * steps_per_epoch;
+  sum.examples = per_epoch;
+  TSR_RETURN_IF_ERROR(check_schedule(schedule_options(tc), total));
+
+  // Model and optimizer, fresh or from the latest checkpoint.
+  TSR_ASSIGN_OR_RETURN(Parameters resolved, Parameters::resolve(c));
+  Parameters params = resolved.clone();
+  TSR_ASSIGN_OR_RETURN(Optimizer optim, Optimizer::create(optimizer_options(tc), params));
+  const std::string hash = config_hash(exp);
+  int64_t step = 0, best_step = 0, since_best = 0;
+  EvalResult best;
+  bool have_best = false;
+  if (opt.resume) {
+    Result<Checkpoint> ck = read_checkpoint(ckpt_dir);
+    if (!ck.ok()) return ck.status().with_prefix("train --resume");
+    TSR_RETURN_IF_ERROR(check_config_hash(*ck, hash));
+    if (!ck->warning.empty()) progress.line("train --resume: " + ck->warning);
+    TSR_RETURN_IF_ERROR(ck->weights.check(c));
+    params = ck->weights.clone();
+    TSR_RETURN_IF_ERROR(optim.load_state(ck->optimizer));
+    step = ck->step;
+    const json st = json::parse(ck->state_json, nullptr, false);
+    if (st.is_object() && st.contains("best")) {
+      have_best = true;
+      best.loss = st["best"].value("loss", 0.0);
+      best.accuracy = st["best"].value("accuracy", -1.0);
+      best.macro_f1 = st["best"].value("macro_f1", -1.0);
+      best.bits_per_token = st["best"].value("bits_per_token", -1.0);
+      best.counted = st["best"].value("counted", int64_t{0});
+      best_step = st.value("best_step", int64_t{0});
+      since_best = st.value("since_best", int64_t{0});
+    }
+    TSR_RETURN_IF_ERROR(trim_metrics(metrics_path, step));
+    sum.steps_resumed = step;
+  }
+  std::ofstream metrics(metrics_path, std::ios::app);
+  auto log = [&](const json& j) {
+    metrics << j.dump() << "\n";
+    metrics.flush();
+  };
+  auto save = [&](int64_t at) -> Status {
+    Checkpoint ck;
+    ck.step = at;
+    ck.weights = params;
+    ck.optimizer = optim.state();
+    ck.config_hash = hash;
+    json st = {{"step", at}, {"best_step", best_step}, {"since_best", since_best}};
+    if (have_best) st["best"] = eval_json(best);
+    ck.state_json = st.dump();
+    return write_checkpoint(ckpt_dir, ck, static_cast<int>(tc.keep));
+  };
+  if (!opt.resume) log({{"step", 0}, {"event", "start"}, {"config_hash", hash}, {"examples", per_epoch},
+                        {"steps", total}, {"parameters", params.numel()}});
+
+  // The loop.
+  Parameters grads = params.zeros_like();
+  GradOptions go;
+  go.reference = exp.runtime.reference;
+  const int64_t micro = tc.batch_size / tc.accumulate;
+  std::vector<int64_t> order;
+  int64_t order_epoch = -1;
+  const auto loop_start = std::chrono::steady_clock::now();
+  const int64_t first = step;
+  double loss_sum = 0;
+  int64_t loss_n = 0;
+  while (step < total) {
+    const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
+    if (!lm && epoch != order_epoch) {
+      order = permutation(n_train, mix(tc.seed, static_cast<uint64_t>(epoch)));
+      order_epoch = epoch;
+    }
+    // This step's examples: positions [in_epoch·batch, ...) of the epoch's order (the last step of
+    // an epoch may be short), or batch_size windows at offsets drawn from (seed, step).
+    std::vector<int64_t> picks;
+    if (lm) {
+      Rng rng(mix(tc.seed, static_cast<uint64_t>(step) + 1));
+      for (int64_t i = 0; i < tc.batch_size; ++i)
+        picks.push_back(static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(n_train)));
+    } else {
+      for (int64_t i = in_epoch * tc.batch_size; i < std::min(n_train, (in_epoch + 1) * tc.batch_size); ++i)
+        picks.push_back(order[static_cast<size_t>(i)]);
+    }
+    double step_loss = 0;
+    int64_t parts = 0;
+    for (size_t m0 = 0; m0 < picks.size(); m0 += static_cast<size_t>(micro)) {
+      const std::vector<int64_t> mb(picks.begin() + static_cast<std::ptrdiff_t>(m0),
+                                    picks.begin() + static_cast<std::ptrdiff_t>(std::min(picks.size(), m0 + static_cast<size_t>(micro))));
+      Batch b;
+      Targets tg;
+      tg.label_smoothing = static_cast<float>(tc.label_smoothing);
+      if (lm) {
+        b = make_windows(train.stream, mb, T, &tg.tokens);
+      } else {
+        std::vector<const Example*> ex;
+        for (int64_t i : mb) ex.push_back(&train.items[static_cast<size_t>(i)]);
+        b = make_batch(train, ex, &tg.labels);
+      }
+      Result<LossValue> r = compute_gradients(c, params, b, tg, &grads, go);
+      if (!r.ok()) return r.status().with_prefix("train: step " + std::to_string(step + 1));
+      step_loss += r->loss;
+      ++parts;
+    }
+    if (parts > 1) scale(grads, 1.0 / static_cast<double>(parts));
+    step_loss /= static_cast<double>(parts);
+    std::string bad;
+    if (!std::isfinite(step_loss) || !all_finite(grads, &bad)) {
+      Result<Checkpoint> last = read_checkpoint(ckpt_dir);
+      return Status::Invalid("train: step " + std::to_string(step + 1) + ": the " +
+                             (std::isfinite(step_loss) ? "gradient of " + bad : std::string("loss")) +
+                             " is not finite (NaN or Inf)" +
+                             (bad.empty() ? "" : "; it first appears in " + bad) + ". The last good checkpoint is " +
+                             (last.ok() ? last->path : std::string("none (no checkpoint yet)")) +
+                             ": lower train.lr, raise train.warmup_steps or set train.clip_norm, then --resume");
+    }
+    const double norm = clip_grad_norm(grads, tc.clip_norm);
+    const double lr = scheduled_lr(schedule_options(tc), tc.lr, step, total);
+    TSR_RETURN_IF_ERROR(optim.step(params, grads, lr));
+    grads.zero();
+    ++step;
+    loss_sum += step_loss;
+    ++loss_n;
+    sum.last_loss = step_loss;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+    const double per_s = static_cast<double>((step - first) * tc.batch_size) / std::max(secs, 1e-9);
+    if (step % tc.log_every == 0 || step == total) {
+      log({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_sum / static_cast<double>(loss_n)}, {"lr", lr},
+           {"grad_norm", norm}, {"examples_per_s", per_s}});
+      progress.step(epoch, step, total, loss_sum / static_cast<double>(loss_n), lr, per_s,
+                    secs / static_cast<double>(step - first) * static_cast<double>(total - step));
+      loss_sum = 0;
+      loss_n = 0;
+    }
+    const bool epoch_end = step % steps_per_epoch == 0;
+    const bool eval_now = tc.eval_every > 0 ? step % tc.eval_every == 0 || step == total : epoch_end || step == total;
+    if (eval_now) {
+      TSR_ASSIGN_OR_RETURN(EvalResult e, evaluate(exp, params, val, micro));
+      json j = {{"step", step}, {"epoch", epoch + 1}, {"eval", eval_json(e)}};
+      const bool improved = !have_best || better(tc.metric, e, best);
+      if (improved) {
+        best = e;
+        best_step = step;
+        have_best = true;
+        since_best = 0;
+        TSR_RETURN_IF_ERROR(params.save((fs::path(sum.dir) / "best.safetensors").string()));
+      } else {
+        ++since_best;
+      }
+      j["best"] = improved;
+      log(j);
+      progress.line("eval at step " + std::to_string(step) + ": loss " + std::to_string(e.loss) +
+                    (e.accuracy >= 0 ? ", accuracy " + std::to_string(e.accuracy) : "") +
+                    (e.bits_per_token >= 0 ? ", bits/token " + std::to_string(e.bits_per_token) : "") +
+                    (improved ? " (best)" : ""));
+      TSR_RETURN_IF_ERROR(save(step));
+      if (tc.patience > 0 && since_best >= tc.patience) {
+        sum.stopped_early = true;
+        log({{"step", step}, {"event", "early_stop"}, {"best_step", best_step}});
+        if (opt.on_step) opt.on_step(step);
+        break;
+      }
+    }
+    if (opt.on_step) opt.on_step(step);
+  }
+  sum.steps = step;
+  sum.best = best;
+  sum.best_step = best_step;
+  if (!tc.test_data.empty()) {
+    DataConfig td = exp.data;
+    td.path = tc.test_data;
+    td.limit = 0;
+    TSR_ASSIGN_OR_RETURN(Encoded test, encode(exp, td, src, classes, lm));
+    TSR_ASSIGN_OR_RETURN(Parameters best_params, load_weights((fs::path(sum.dir) / "best.safetensors").string(), c));
+    TSR_ASSIGN_OR_RETURN(sum.test, evaluate(exp, best_params, test, micro));
+    log({{"step", step}, {"test", eval_json(sum.test)}, {"weights", "best.safetensors"}});
+  }
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  json s = {{"steps", sum.steps}, {"best_step", best_step}, {"best", eval_json(best)}, {"seconds", sum.seconds},
+            {"stopped_early", sum.stopped_early}, {"classes", classes}};
+  if (sum.test.counted) s["test"] = eval_json(sum.test);
+  TSR_RETURN_IF_ERROR(write_file_atomic((fs::path(sum.dir) / "summary.json").string(), s.dump(2) + "\n"));
+  return sum;
+}
+
+}  // namespace tessera
