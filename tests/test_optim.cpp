@@ -4,6 +4,7 @@
 // the same bits on one thread or two and with or without FMA instructions, and clear refusals.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -423,7 +424,8 @@ TEST(OptimState, SaveAndLoadContinueBitIdentically) {
     ASSERT_TRUE(first.ok());
     train(*first, b, 0, 5, 100);
     // Through a checkpoint file, read back as read-only mapped views.
-    const std::string path = ::testing::TempDir() + "tessera_optim_state.safetensors";
+    const std::string path =
+        ::testing::TempDir() + "tessera_optim_state." + std::to_string(getpid()) + ".safetensors";
     ASSERT_TRUE(IsOk(safetensors::write(path, first->state())));
     auto file = safetensors::File::open(path);
     ASSERT_TRUE(file.ok()) << file.status().message();
