@@ -50,7 +50,8 @@ std::string gzip(const std::string& data) {
 }
 
 std::string be32(uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
 }
 
 // An IDX header: type, then the dims.
@@ -77,9 +78,10 @@ TEST(Idx, ReadsTheFashionMnistSample) {
   const uint8_t* px = images->data<uint8_t>();
   // Image 0, an ankle boot: rows 0..6 are empty; row 7 and row 21 as od prints them.
   for (int x = 0; x < 7 * 28; ++x) ASSERT_EQ(px[x], 0) << "byte " << x;
-  const std::vector<int> row7 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 1, 0, 0, 7, 0, 37, 0, 0};
-  const std::vector<int> row21 = {0,   0,   0,   12,  67,  106, 164, 185, 199, 210, 211, 210, 208, 190,
-                                  150, 82,  8,   0,   0,   0,   178, 208, 188, 175, 162, 158, 151, 11};
+  const std::vector<int> row7 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  0, 0,
+                                 0, 0, 0, 0, 0, 3, 1, 0, 0, 7, 0, 37, 0, 0};
+  const std::vector<int> row21 = {0,   0,  0, 12, 67, 106, 164, 185, 199, 210, 211, 210, 208, 190,
+                                  150, 82, 8, 0,  0,  0,   178, 208, 188, 175, 162, 158, 151, 11};
   for (int x = 0; x < 28; ++x) {
     EXPECT_EQ(px[7 * 28 + x], row7[static_cast<size_t>(x)]) << "row 7, column " << x;
     EXPECT_EQ(px[21 * 28 + x], row21[static_cast<size_t>(x)]) << "row 21, column " << x;
@@ -97,7 +99,8 @@ TEST(Idx, ReadsTheFashionMnistSample) {
   Result<Tensor> labels = idx::load(kSample + "t10k-labels-idx1-ubyte.gz");
   ASSERT_TRUE(labels.ok()) << labels.status().message();
   EXPECT_EQ(labels->describe(), "u8 (64)");
-  const std::vector<int> first = {9, 2, 1, 1, 6, 1, 4, 6, 5, 7, 4, 5, 7, 3, 4, 1};  // 9: Ankle boot, 2: Pullover
+  const std::vector<int> first = {9, 2, 1, 1, 6, 1, 4, 6,
+                                  5, 7, 4, 5, 7, 3, 4, 1};  // 9: Ankle boot, 2: Pullover
   for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(labels->data<uint8_t>()[i], first[i]) << "label " << i;
   EXPECT_EQ(labels->data<uint8_t>()[63], 5);  // Sandal
 }
@@ -132,11 +135,13 @@ TEST(Idx, ReadsEveryElementType) {
 
   Tensor i8 = ok(header(0x09, {3}) + std::string("\x7f\x80\xff", 3));  // widened to i32
   EXPECT_EQ(i8.describe(), "i32 (3)");
-  EXPECT_EQ(std::vector<int32_t>(i8.data<int32_t>(), i8.data<int32_t>() + 3), (std::vector<int32_t>{127, -128, -1}));
+  EXPECT_EQ(std::vector<int32_t>(i8.data<int32_t>(), i8.data<int32_t>() + 3),
+            (std::vector<int32_t>{127, -128, -1}));
 
   Tensor i16 = ok(header(0x0b, {3}) + std::string("\x01\x02\x80\x00\xff\xfe", 6));
   EXPECT_EQ(i16.describe(), "i32 (3)");
-  EXPECT_EQ(std::vector<int32_t>(i16.data<int32_t>(), i16.data<int32_t>() + 3), (std::vector<int32_t>{258, -32768, -2}));
+  EXPECT_EQ(std::vector<int32_t>(i16.data<int32_t>(), i16.data<int32_t>() + 3),
+            (std::vector<int32_t>{258, -32768, -2}));
 
   Tensor i32 = ok(header(0x0c, {2}) + be32(0x01020304) + be32(0xfffffffe));
   EXPECT_EQ(i32.describe(), "i32 (2)");
@@ -160,9 +165,10 @@ TEST(Idx, RefusesHostileHeaders) {
   EXPECT_EQ(error_of("a.idx", ""), "a.idx: empty file (0 bytes): not an IDX file");
   EXPECT_EQ(error_of("a.idx", std::string("\0\0\x08", 3)),
             "a.idx: not an IDX file: it holds only 3 bytes, fewer than the 4 of an IDX header");
-  EXPECT_EQ(error_of("a.idx", "PK\x03\x04rest"),
-            "a.idx: not an IDX file: it starts with bytes 50 4b 03 04, but an IDX file starts with 00 00, its "
-            "element type and its number of dimensions");
+  EXPECT_EQ(
+      error_of("a.idx", "PK\x03\x04rest"),
+      "a.idx: not an IDX file: it starts with bytes 50 4b 03 04, but an IDX file starts with 00 00, its "
+      "element type and its number of dimensions");
   EXPECT_EQ(error_of("a.gz", gzip("PK\x03\x04rest")),
             "a.gz: not an IDX file: it starts with bytes 50 4b 03 04 (decompressed), but an IDX file starts "
             "with 00 00, its element type and its number of dimensions");
@@ -176,48 +182,59 @@ TEST(Idx, RefusesHostileHeaders) {
   EXPECT_EQ(error_of("a.idx", header(0x08, {10, 28, 28}).substr(0, 10)),
             "a.idx: truncated: the header needs 16 bytes for its 3 dimensions, but the data ends at byte 10");
   // 2^32 - 1 cubed, times 8 bytes: more than 64 bits.
-  EXPECT_EQ(error_of("a.idx", header(0x0e, {0xffffffff, 0xffffffff, 0xffffffff})),
-            "a.idx: bytes 4..16: dimensions 4294967295 × 4294967295 × 4294967295 f64 need more bytes than any "
-            "file holds (the header is corrupt)");
+  EXPECT_EQ(
+      error_of("a.idx", header(0x0e, {0xffffffff, 0xffffffff, 0xffffffff})),
+      "a.idx: bytes 4..16: dimensions 4294967295 × 4294967295 × 4294967295 f64 need more bytes than any "
+      "file holds (the header is corrupt)");
   // A header claiming more than the file holds is refused before anything is allocated.
-  EXPECT_EQ(error_of("a.idx", header(0x08, {10000, 28, 28}) + std::string(100, '\0')),
-            "a.idx: truncated: the header says 10000 × 28 × 28 u8 = 7840000 bytes of data from byte 16, but the "
-            "file ends at byte 116 (the file was cut short, or its header is wrong)");
+  EXPECT_EQ(
+      error_of("a.idx", header(0x08, {10000, 28, 28}) + std::string(100, '\0')),
+      "a.idx: truncated: the header says 10000 × 28 × 28 u8 = 7840000 bytes of data from byte 16, but the "
+      "file ends at byte 116 (the file was cut short, or its header is wrong)");
   const std::string claim = gzip(header(0x08, {60000, 1000, 1000}) + std::string(100, '\0'));
-  EXPECT_EQ(error_of("a.gz", claim),
-            "a.gz: the header says 60000 × 1000 × 1000 u8 = 60000000000 bytes of data from decompressed byte 16, "
-            "more than the " + std::to_string(claim.size()) +
-                " bytes of this gzip file can inflate to (deflate expands at most 1032 times): the header is corrupt");
+  EXPECT_EQ(
+      error_of("a.gz", claim),
+      "a.gz: the header says 60000 × 1000 × 1000 u8 = 60000000000 bytes of data from decompressed byte 16, "
+      "more than the " +
+          std::to_string(claim.size()) +
+          " bytes of this gzip file can inflate to (deflate expands at most 1032 times): the header is "
+          "corrupt");
 }
 
 TEST(Idx, RefusesTruncatedAndTrailingData) {
   const std::string good = header(0x08, {4, 2, 2}) + std::string(16, '\x05');
-  EXPECT_EQ(error_of("b.gz", gzip(good.substr(0, 25))),
-            "b.gz: truncated: the header says 4 × 2 × 2 u8 = 16 bytes of data from decompressed byte 16 to "
-            "decompressed byte 32, but the data ends at decompressed byte 25 (the file was cut short; re-download "
-            "it)");
-  EXPECT_EQ(error_of("b.idx", good + "xyz"),
-            "b.idx: 3 trailing bytes after the data's end at byte 32 (the file ends at byte 35; the header's 4 × 2 "
-            "× 2 u8 are wrong, or the file is not IDX)");
-  EXPECT_EQ(error_of("b.gz", gzip(good + "xyz")),
-            "b.gz: the decompressed data goes on past decompressed byte 32, where the header's 4 × 2 × 2 u8 end "
-            "(trailing bytes, or the header is wrong)");
+  EXPECT_EQ(
+      error_of("b.gz", gzip(good.substr(0, 25))),
+      "b.gz: truncated: the header says 4 × 2 × 2 u8 = 16 bytes of data from decompressed byte 16 to "
+      "decompressed byte 32, but the data ends at decompressed byte 25 (the file was cut short; re-download "
+      "it)");
+  EXPECT_EQ(
+      error_of("b.idx", good + "xyz"),
+      "b.idx: 3 trailing bytes after the data's end at byte 32 (the file ends at byte 35; the header's 4 × 2 "
+      "× 2 u8 are wrong, or the file is not IDX)");
+  EXPECT_EQ(
+      error_of("b.gz", gzip(good + "xyz")),
+      "b.gz: the decompressed data goes on past decompressed byte 32, where the header's 4 × 2 × 2 u8 end "
+      "(trailing bytes, or the header is wrong)");
   // The gzip file itself cut short, inside the header and inside the data.
-  const std::string big = header(0x08, {64, 28, 28}) + slurp(kSample + "t10k-images-idx3-ubyte.gz");  // incompressible
+  const std::string big =
+      header(0x08, {64, 28, 28}) + slurp(kSample + "t10k-images-idx3-ubyte.gz");  // incompressible
   const std::string gz = gzip(big);
   const std::string cut = gz.substr(0, gz.size() / 2);
   const std::string msg = error_of("c.gz", cut);
-  EXPECT_EQ(msg.rfind("c.gz: truncated: the header says 64 × 28 × 28 u8 = 50176 bytes of data from decompressed "
-                      "byte 16 to decompressed byte 50192, but the data ends at decompressed byte ",
-                      0),
-            0u)
+  EXPECT_EQ(
+      msg.rfind("c.gz: truncated: the header says 64 × 28 × 28 u8 = 50176 bytes of data from decompressed "
+                "byte 16 to decompressed byte 50192, but the data ends at decompressed byte ",
+                0),
+      0u)
       << msg;
   EXPECT_NE(msg.find(" (the gzip stream is cut short: the file ends at byte " + std::to_string(cut.size()) +
                      " before the stream's end; re-download it)"),
             std::string::npos)
       << msg;
   EXPECT_EQ(error_of("d.gz", gzip(good).substr(0, 10)),  // the gzip header alone
-            "d.gz: not an IDX file: it holds only 0 decompressed bytes, fewer than the 4 of an IDX header (the gzip "
+            "d.gz: not an IDX file: it holds only 0 decompressed bytes, fewer than the 4 of an IDX header "
+            "(the gzip "
             "stream is cut short: the file ends at byte 10 before the stream's end; re-download it)");
 }
 
@@ -229,7 +246,8 @@ TEST(Idx, RefusesCorruptGzip) {
   bad_crc[bad_crc.size() - 6] ^= 0x01;
   const std::string crc = error_of("e.gz", bad_crc);
   EXPECT_EQ(crc.rfind("e.gz: corrupt gzip data at byte ", 0), 0u) << crc;
-  EXPECT_NE(crc.find(": zlib says \"incorrect data check\" (the file is damaged; re-download it)"), std::string::npos)
+  EXPECT_NE(crc.find(": zlib says \"incorrect data check\" (the file is damaged; re-download it)"),
+            std::string::npos)
       << crc;
   // A damaged deflate block header.
   std::string bad_block = gz;
@@ -238,9 +256,10 @@ TEST(Idx, RefusesCorruptGzip) {
   EXPECT_EQ(block.rfind("e.gz: corrupt gzip data at byte ", 0), 0u) << block;
   EXPECT_NE(block.find(", decompressed byte 0: zlib says \""), std::string::npos) << block;
   // Bytes after the stream that are not another gzip member.
-  EXPECT_EQ(error_of("e.gz", gz + "junk!"),
-            "e.gz: 5 bytes after the end of the gzip stream at byte " + std::to_string(gz.size()) +
-                " are not another gzip member (the file has trailing garbage; re-download or re-compress it)");
+  EXPECT_EQ(
+      error_of("e.gz", gz + "junk!"),
+      "e.gz: 5 bytes after the end of the gzip stream at byte " + std::to_string(gz.size()) +
+          " are not another gzip member (the file has trailing garbage; re-download or re-compress it)");
 }
 
 // A 4 MB gzip file of 4096 members that inflates to 4 GiB, with a header that announces 16 bytes:

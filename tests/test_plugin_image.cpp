@@ -403,10 +403,11 @@ TEST(ImagePlugin, GreyGivesOneChannelPerPatch) {
   ASSERT_EQ(one.size(), rgb.size());
   for (int64_t r = 0; r < one.size(); ++r)
     for (int k = 0; k < 64; ++k)
-      ASSERT_EQ(one.features.data<float>()[r * 64 + k], rgb.features.data<float>()[r * 192 + k]) << "row " << r;
+      ASSERT_EQ(one.features.data<float>()[r * 64 + k], rgb.features.data<float>()[r * 192 + k])
+          << "row " << r;
 
-  const TokenRows colour =
-      encode_file(make_encoder({{"image_size", "20,30"}, {"patch_size", "10"}, {"grey", "true"}}), "chelsea_tiny.png");
+  const TokenRows colour = encode_file(
+      make_encoder({{"image_size", "20,30"}, {"patch_size", "10"}, {"grey", "true"}}), "chelsea_tiny.png");
   ASSERT_EQ(colour.picture.width, 30);
   ASSERT_EQ(colour.size(), 1 + 2 * 3);
   const uint8_t* pic = colour.picture.pixels.data();

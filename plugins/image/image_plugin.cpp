@@ -316,7 +316,8 @@ class ImagePlugin {
   const std::vector<uint8_t>& grey_input(const std::vector<uint8_t>& rgb) {
     luma_.resize(rgb.size() / 3);
     for (size_t i = 0; i < luma_.size(); ++i)
-      luma_[i] = static_cast<uint8_t>((299 * rgb[3 * i] + 587 * rgb[3 * i + 1] + 114 * rgb[3 * i + 2] + 500) / 1000);
+      luma_[i] =
+          static_cast<uint8_t>((299 * rgb[3 * i] + 587 * rgb[3 * i + 1] + 114 * rgb[3 * i + 2] + 500) / 1000);
     return luma_;
   }
 

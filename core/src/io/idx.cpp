@@ -51,8 +51,10 @@ std::string hex_bytes(const uint8_t* p, size_t n) {
 class Source {
  public:
   Source(const std::string& label, std::string_view bytes)
-      : label_(label), in_(bytes), gzip_(bytes.size() >= 2 && static_cast<uint8_t>(bytes[0]) == 0x1f &&
-                                         static_cast<uint8_t>(bytes[1]) == 0x8b) {}
+      : label_(label),
+        in_(bytes),
+        gzip_(bytes.size() >= 2 && static_cast<uint8_t>(bytes[0]) == 0x1f &&
+              static_cast<uint8_t>(bytes[1]) == 0x8b) {}
   ~Source() {
     if (z_open_) inflateEnd(&z_);
   }
@@ -63,7 +65,9 @@ class Source {
   uint64_t position() const { return produced_; }  // IDX bytes read so far
 
   // "byte 16" in a plain file, "decompressed byte 16" in a gzip'd one.
-  std::string at(uint64_t offset) const { return (gzip_ ? "decompressed byte " : "byte ") + std::to_string(offset); }
+  std::string at(uint64_t offset) const {
+    return (gzip_ ? "decompressed byte " : "byte ") + std::to_string(offset);
+  }
 
   // The most IDX bytes that can follow what was read: exact for a plain file, deflate's bound for
   // a gzip'd one.
@@ -71,7 +75,7 @@ class Source {
     if (!gzip_) return in_.size() - produced_;
     const uint64_t n = in_.size();
     return n > std::numeric_limits<uint64_t>::max() / kMaxInflateRatio ? std::numeric_limits<uint64_t>::max()
-                                                                        : n * kMaxInflateRatio;
+                                                                       : n * kMaxInflateRatio;
   }
 
   // Reads up to n bytes into out; fewer only where the data ends. A gzip stream that is cut short
@@ -84,7 +88,8 @@ class Source {
       return k;
     }
     if (!z_open_) {
-      if (inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK) return Status::Internal(label_ + ": zlib could not start inflating");
+      if (inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK)
+        return Status::Internal(label_ + ": zlib could not start inflating");
       z_open_ = true;
     }
     size_t done = 0;
@@ -109,11 +114,13 @@ class Source {
           inflateReset(&z_);  // another gzip member follows: the data goes on in it
         } else {
           return Status::ParseError(label_ + ": " + std::to_string(in_.size() - at_in) +
-                                    " bytes after the end of the gzip stream at byte " + std::to_string(at_in) +
+                                    " bytes after the end of the gzip stream at byte " +
+                                    std::to_string(at_in) +
                                     " are not another gzip member (the file has trailing garbage; "
                                     "re-download or re-compress it)");
         }
-      } else if (rc == Z_BUF_ERROR || (rc == Z_OK && z_.avail_in == 0 && fed_ == in_.size() && z_.avail_out > 0)) {
+      } else if (rc == Z_BUF_ERROR ||
+                 (rc == Z_OK && z_.avail_in == 0 && fed_ == in_.size() && z_.avail_out > 0)) {
         ended_ = true;  // no input left before the end of the stream
         cut_at_ = in_.size();
       } else if (rc == Z_MEM_ERROR) {
@@ -162,7 +169,8 @@ uint32_t big_u32(const uint8_t* p) {
 // overwritten before it is read.
 void convert(const ElementType& type, uint8_t* raw, void* out, size_t n) {
   switch (type.code) {
-    case 0x08: break;  // read in place
+    case 0x08:
+      break;  // read in place
     case 0x09:
       for (size_t i = n; i-- > 0;) static_cast<int32_t*>(out)[i] = static_cast<int8_t>(raw[i]);
       break;
@@ -195,8 +203,9 @@ Result<Tensor> parse(const std::string& label, std::string_view bytes) {
   uint8_t head[4];
   TSR_ASSIGN_OR_RETURN(const size_t got, src.read(head, 4));
   if (got < 4)
-    return fail("not an IDX file: it holds only " + std::to_string(got) + (src.gzip() ? " decompressed" : "") +
-                (got == 1 ? " byte" : " bytes") + ", fewer than the 4 of an IDX header" + src.cut_short());
+    return fail("not an IDX file: it holds only " + std::to_string(got) +
+                (src.gzip() ? " decompressed" : "") + (got == 1 ? " byte" : " bytes") +
+                ", fewer than the 4 of an IDX header" + src.cut_short());
   if (head[0] != 0 || head[1] != 0)
     return fail("not an IDX file: it starts with bytes " + hex_bytes(head, 4) +
                 (src.gzip() ? " (decompressed)" : "") +
@@ -205,7 +214,8 @@ Result<Tensor> parse(const std::string& label, std::string_view bytes) {
   for (const ElementType& t : kTypes)
     if (t.code == head[2]) type = &t;
   if (!type)
-    return fail(src.at(2) + ": element type 0x" + hex_bytes(head + 2, 1) + " is not an IDX type (" + kTypeList + ")");
+    return fail(src.at(2) + ": element type 0x" + hex_bytes(head + 2, 1) + " is not an IDX type (" +
+                kTypeList + ")");
   const int rank = head[3];
   if (rank == 0) return fail(src.at(3) + ": 0 dimensions (an IDX file holds an array of at least one)");
   if (rank > kMaxRank)
@@ -216,8 +226,9 @@ Result<Tensor> parse(const std::string& label, std::string_view bytes) {
   TSR_ASSIGN_OR_RETURN(const size_t got_dims, src.read(raw_dims, 4 * static_cast<size_t>(rank)));
   const uint64_t header = 4 + 4 * static_cast<uint64_t>(rank);
   if (got_dims < 4 * static_cast<size_t>(rank))
-    return fail("truncated: the header needs " + std::to_string(header) + " bytes for its " + std::to_string(rank) +
-                " dimensions, but the data ends at " + src.at(4 + got_dims) + src.cut_short());
+    return fail("truncated: the header needs " + std::to_string(header) + " bytes for its " +
+                std::to_string(rank) + " dimensions, but the data ends at " + src.at(4 + got_dims) +
+                src.cut_short());
   std::vector<uint64_t> dims(static_cast<size_t>(rank));
   uint64_t data_bytes = type->size;  // checked against overflow as it grows
   bool overflow = false;
@@ -232,9 +243,9 @@ Result<Tensor> parse(const std::string& label, std::string_view bytes) {
   // Before allocating: the data must fit in what the file can hold.
   if (data_bytes > src.most_left()) {
     if (!src.gzip())
-      return fail("truncated: the header says " + what + " = " + std::to_string(data_bytes) + " bytes of data from " +
-                  src.at(header) + ", but the file ends at byte " + std::to_string(bytes.size()) +
-                  " (the file was cut short, or its header is wrong)");
+      return fail("truncated: the header says " + what + " = " + std::to_string(data_bytes) +
+                  " bytes of data from " + src.at(header) + ", but the file ends at byte " +
+                  std::to_string(bytes.size()) + " (the file was cut short, or its header is wrong)");
     return fail("the header says " + what + " = " + std::to_string(data_bytes) + " bytes of data from " +
                 src.at(header) + ", more than the " + std::to_string(bytes.size()) +
                 " bytes of this gzip file can inflate to (deflate expands at most " +
@@ -246,25 +257,29 @@ Result<Tensor> parse(const std::string& label, std::string_view bytes) {
   std::vector<int64_t> shape(dims.begin(), dims.end());
   const uint64_t numel = data_bytes / type->size;
   const size_t out_bytes = static_cast<size_t>(numel * dtype_size(type->dtype));
-  const size_t alloc = (std::max<size_t>(out_bytes, 1) + Tensor::kAlignment - 1) / Tensor::kAlignment * Tensor::kAlignment;
+  const size_t alloc =
+      (std::max<size_t>(out_bytes, 1) + Tensor::kAlignment - 1) / Tensor::kAlignment * Tensor::kAlignment;
   std::shared_ptr<void> storage(std::aligned_alloc(Tensor::kAlignment, alloc), std::free);
   if (!storage)
-    return Status::Internal(label + ": out of memory: " + what + " needs " + std::to_string(out_bytes) + " bytes");
+    return Status::Internal(label + ": out of memory: " + what + " needs " + std::to_string(out_bytes) +
+                            " bytes");
   auto* raw = static_cast<uint8_t*>(storage.get());
   TSR_ASSIGN_OR_RETURN(const size_t got_data, src.read(raw, static_cast<size_t>(data_bytes)));
   if (got_data < data_bytes)
-    return fail("truncated: the header says " + what + " = " + std::to_string(data_bytes) + " bytes of data from " +
-                src.at(header) + " to " + src.at(header + data_bytes) + ", but the data ends at " +
-                src.at(header + got_data) +
+    return fail("truncated: the header says " + what + " = " + std::to_string(data_bytes) +
+                " bytes of data from " + src.at(header) + " to " + src.at(header + data_bytes) +
+                ", but the data ends at " + src.at(header + got_data) +
                 (src.cut_short().empty() ? " (the file was cut short; re-download it)" : src.cut_short()));
   uint8_t extra = 0;
   TSR_ASSIGN_OR_RETURN(const size_t trailing, src.read(&extra, 1));
   if (trailing > 0)
-    return fail(src.gzip() ? "the decompressed data goes on past " + src.at(header + data_bytes) +
-                                 ", where the header's " + what + " end (trailing bytes, or the header is wrong)"
-                           : std::to_string(bytes.size() - header - data_bytes) + " trailing bytes after the data's end at " +
-                                 src.at(header + data_bytes) + " (the file ends at byte " +
-                                 std::to_string(bytes.size()) + "; the header's " + what + " are wrong, or the file is not IDX)");
+    return fail(src.gzip()
+                    ? "the decompressed data goes on past " + src.at(header + data_bytes) +
+                          ", where the header's " + what + " end (trailing bytes, or the header is wrong)"
+                    : std::to_string(bytes.size() - header - data_bytes) +
+                          " trailing bytes after the data's end at " + src.at(header + data_bytes) +
+                          " (the file ends at byte " + std::to_string(bytes.size()) + "; the header's " +
+                          what + " are wrong, or the file is not IDX)");
   convert(*type, raw, raw, static_cast<size_t>(numel));
   return Tensor::wrap(raw, Shape(shape), type->dtype, std::move(storage));
 }
