@@ -62,7 +62,6 @@ class Source {
   Source& operator=(const Source&) = delete;
 
   bool gzip() const { return gzip_; }
-  uint64_t position() const { return produced_; }  // IDX bytes read so far
 
   // "byte 16" in a plain file, "decompressed byte 16" in a gzip'd one.
   std::string at(uint64_t offset) const {
@@ -164,31 +163,31 @@ uint32_t big_u32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-// The n elements of `type` read in big-endian order at `raw`, as the tensor's type at `out`, which
-// may be `raw` itself: the widened types go from the last element back, so that no element is
-// overwritten before it is read.
-void convert(const ElementType& type, uint8_t* raw, void* out, size_t n) {
+// The n elements of `type` read in big-endian order into `data`, turned in place into the
+// tensor's type in host order: the widened types go from the last element back, so that no
+// element is overwritten before it is read.
+void to_host(const ElementType& type, uint8_t* data, size_t n) {
+  auto* wide = reinterpret_cast<int32_t*>(data);
   switch (type.code) {
     case 0x08:
-      break;  // read in place
+      break;  // bytes are bytes
     case 0x09:
-      for (size_t i = n; i-- > 0;) static_cast<int32_t*>(out)[i] = static_cast<int8_t>(raw[i]);
+      for (size_t i = n; i-- > 0;) wide[i] = static_cast<int8_t>(data[i]);
       break;
     case 0x0b:
-      for (size_t i = n; i-- > 0;)
-        static_cast<int32_t*>(out)[i] = static_cast<int16_t>((raw[2 * i] << 8) | raw[2 * i + 1]);
+      for (size_t i = n; i-- > 0;) wide[i] = static_cast<int16_t>((data[2 * i] << 8) | data[2 * i + 1]);
       break;
     case 0x0c:
     case 0x0d:  // 4 bytes: the same bits, swapped into host order
       for (size_t i = 0; i < n; ++i) {
-        const uint32_t v = big_u32(raw + 4 * i);
-        std::memcpy(static_cast<uint8_t*>(out) + 4 * i, &v, 4);
+        const uint32_t v = big_u32(data + 4 * i);
+        std::memcpy(data + 4 * i, &v, 4);
       }
       break;
     case 0x0e:
       for (size_t i = 0; i < n; ++i) {
-        const uint64_t v = (uint64_t{big_u32(raw + 8 * i)} << 32) | big_u32(raw + 8 * i + 4);
-        std::memcpy(static_cast<uint8_t*>(out) + 8 * i, &v, 8);
+        const uint64_t v = (uint64_t{big_u32(data + 8 * i)} << 32) | big_u32(data + 8 * i + 4);
+        std::memcpy(data + 8 * i, &v, 8);
       }
       break;
   }
@@ -238,8 +237,8 @@ Result<Tensor> parse(const std::string& label, std::string_view bytes) {
   }
   const std::string what = dims_text(dims) + " " + type->name;
   if (overflow || data_bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / 8)
-    return fail("bytes 4.." + std::to_string(header) + ": dimensions " + what +
-                " need more bytes than any file holds (the header is corrupt)");
+    return fail((src.gzip() ? "decompressed bytes 4.." : "bytes 4..") + std::to_string(header) +
+                ": dimensions " + what + " need more bytes than any file holds (the header is corrupt)");
   // Before allocating: the data must fit in what the file can hold.
   if (data_bytes > src.most_left()) {
     if (!src.gzip())
@@ -280,7 +279,7 @@ Result<Tensor> parse(const std::string& label, std::string_view bytes) {
                           " trailing bytes after the data's end at " + src.at(header + data_bytes) +
                           " (the file ends at byte " + std::to_string(bytes.size()) + "; the header's " +
                           what + " are wrong, or the file is not IDX)");
-  convert(*type, raw, raw, static_cast<size_t>(numel));
+  to_host(*type, raw, static_cast<size_t>(numel));
   return Tensor::wrap(raw, Shape(shape), type->dtype, std::move(storage));
 }
 
