@@ -181,6 +181,7 @@ TEST(ImagePlugin, DescribesItself) {
                                                           {"rescale_factor", "0.00392156862745098"},
                                                           {"mean", "0.5,0.5,0.5"},
                                                           {"std", "0.5,0.5,0.5"},
+                                                          {"grey", "false"},
                                                           {"cls", "true"},
                                                           {"picture_size", "512"},
                                                           {"max_pixels", "178956970"}}));
@@ -384,6 +385,48 @@ TEST(ImagePlugin, ProvenanceBoxesMapToTheRegionThePatchCameFrom) {
         EXPECT_NEAR(green, (b.y0 + b.y1) / 2 - 0.5, edge ? 1.0 : 0.51) << "patch " << i;
       }
     }
+}
+
+// grey: true gives one value per pixel. A grey image keeps its values: its rows are the first
+// channel of its RGB rows. A colour image becomes its luma, (299 R + 587 G + 114 B + 500) / 1000;
+// at its own size (no resize) the model input is the decoded image, which the picture holds.
+TEST(ImagePlugin, GreyGivesOneChannelPerPatch) {
+  const std::map<std::string, std::string> size = {{"image_size", "32,48"}, {"patch_size", "8"}};
+  std::map<std::string, std::string> grey = size;
+  grey["grey"] = "true";
+  const Encoder g = make_encoder(grey);
+  EXPECT_EQ(g.info().width, 8u * 8);
+  EXPECT_EQ(g.info().max_rows, 4 * 6 + 1);
+  const TokenRows rgb = encode_file(make_encoder(size), "coins.pgm");
+  const TokenRows one = encode_file(g, "coins.pgm");
+  ASSERT_EQ(one.features.dim(1), 64);
+  ASSERT_EQ(one.size(), rgb.size());
+  for (int64_t r = 0; r < one.size(); ++r)
+    for (int k = 0; k < 64; ++k)
+      ASSERT_EQ(one.features.data<float>()[r * 64 + k], rgb.features.data<float>()[r * 192 + k])
+          << "row " << r;
+
+  const TokenRows colour = encode_file(
+      make_encoder({{"image_size", "20,30"}, {"patch_size", "10"}, {"grey", "true"}}), "chelsea_tiny.png");
+  ASSERT_EQ(colour.picture.width, 30);
+  ASSERT_EQ(colour.size(), 1 + 2 * 3);
+  const uint8_t* pic = colour.picture.pixels.data();
+  for (int64_t r = 1; r < colour.size(); ++r)
+    for (int dy = 0; dy < 10; ++dy)
+      for (int dx = 0; dx < 10; ++dx) {
+        const int y = (r - 1) / 3 * 10 + dy, x = (r - 1) % 3 * 10 + dx;
+        const uint8_t* px = pic + (y * 30 + x) * 3;
+        const int luma = (299 * px[0] + 587 * px[1] + 114 * px[2] + 500) / 1000;
+        const float want = (static_cast<float>(luma * (1.0 / 255.0)) - 0.5f) / 0.5f;
+        ASSERT_EQ(colour.features.data<float>()[r * 100 + dy * 10 + dx], want) << "pixel " << x << "," << y;
+      }
+
+  const std::string p = "plugin image (" + image_plugin()->file() + "): option ";
+  EXPECT_EQ(create_error({{"grey", "true"}, {"mean", "0.5,0.4,0.5"}}),
+            p + "mean: \"0.5,0.4,0.5\": with grey: true there is one channel; give one value");
+  EXPECT_EQ(create_error({{"grey", "true"}, {"std", "0.2,0.3,0.3"}}),
+            p + "std: \"0.2,0.3,0.3\": with grey: true there is one channel; give one value");
+  EXPECT_EQ(create_error({{"grey", "no"}}), p + "grey: \"no\" is not true or false");
 }
 
 TEST(ImagePlugin, PictureIsShrunkToPictureSize) {

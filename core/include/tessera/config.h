@@ -212,7 +212,8 @@ struct PluginConfig {
   std::map<std::string, Location> option_where;  // options written in the YAML
 };
 
-enum class DataFormat : int { auto_detect = 0, dir = 1, glob = 2, manifest = 3, fasta = 4, lines = 5 };
+// Both enums only grow: the numbers are never reused.
+enum class DataFormat : int { auto_detect = 0, dir = 1, glob = 2, manifest = 3, fasta = 4, lines = 5, idx = 6 };
 enum class TaskKind : int { embed = 0, hidden = 1, classify = 2, score = 3, generate = 4 };
 
 struct DataConfig {
@@ -221,6 +222,8 @@ struct DataConfig {
   DataFormat format = DataFormat::auto_detect;  // resolved by the runner from the path
   int64_t limit = 0;  // at most this many items; 0 = all
   bool allow_missing = false;  // manifests: an item may lack some plugins' inputs (at least one given)
+  std::string labels;          // idx: the idx1 labels file of data.path's images, absolute; "" = none
+  std::vector<std::string> label_names;  // idx: label value v is named label_names[v]; empty: "v"
 };
 
 struct AttentionExportConfig {

@@ -1,6 +1,6 @@
 // Batch runs: an experiment over a whole dataset — the main job of `tessera run`.
 //
-//   dataset (dir / glob / manifest / FASTA / lines) -> items -> plugins -> token rows
+//   dataset (dir / glob / manifest / FASTA / lines / IDX) -> items -> plugins -> token rows
 //     -> batches (padding or packing) -> model -> outputs in the run folder
 //
 //   RunOptions opt;  opt.resume = true;
@@ -38,21 +38,26 @@ namespace tessera {
 // ---------------------------------------------------------------------------------------------
 // Datasets
 
-// One input of one item for one plugin: a file (read when the item is encoded) or a span of text.
+// One input of one item for one plugin: a file (read when the item is encoded), a span of text,
+// or bytes made while the dataset was listed.
 struct ItemPart {
-  std::string path;           // a file to read whole (TSR_INPUT_FILE plugins), or the text's file
+  std::string path;           // a file to read whole (TSR_INPUT_FILE plugins), or the text's file;
+                              // with `in_memory`, the file the bytes came from (for messages)
   bool is_text = false;       // text: the bytes [offset, offset + length) of `path`, or `text`
   std::string text;           // inline text (manifests)
   uint64_t offset = 0, length = 0;
   uint32_t line = 0;          // the text's first line in `path` (1-based), 0 when not from a file
   bool missing = false;       // no input for this plugin (a manifest with data.allow_missing)
+  bool in_memory = false;     // the input is `bytes`, not read from `path`
+  std::string bytes;          // in_memory: a whole file's bytes (an IDX image as a binary PGM file)
 };
 
 struct DataItem {
-  std::string id;                 // stable and unique: "cats/tabby.jpg", "uniprot.fasta#12", "kjv.txt:17"
+  std::string id;                 // stable and unique: "cats/tabby.jpg", "uniprot.fasta#12", "kjv.txt:17",
+                                  // "t10k-images-idx3-ubyte.gz#0" (an IDX image's index, from 0)
   std::string name;               // a human name when the format has one (FASTA record name), else ""
   std::vector<ItemPart> parts;    // one per plugin, in plugin order (some `missing` if allowed)
-  std::optional<std::string> label;  // from a manifest's label column
+  std::optional<std::string> label;  // from a manifest's label column, or an IDX labels file
   std::string error;                 // non-empty: the item is broken before any plugin sees it
   std::string source;                // the manifest that listed the item (for errors), else ""
 

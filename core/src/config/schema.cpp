@@ -57,9 +57,11 @@ const Names<ScheduleKind> kScheduleNames = {
     {"cosine", ScheduleKind::cosine}, {"linear", ScheduleKind::linear}, {"constant", ScheduleKind::constant}};
 const Names<TrainMetric> kMetricNames = {
     {"auto", TrainMetric::auto_detect}, {"loss", TrainMetric::loss}, {"accuracy", TrainMetric::accuracy}};
-const Names<DataFormat> kDataFormatNames = {{"auto", DataFormat::auto_detect}, {"dir", DataFormat::dir},
-                                            {"glob", DataFormat::glob},         {"manifest", DataFormat::manifest},
-                                            {"fasta", DataFormat::fasta},       {"lines", DataFormat::lines}};
+const Names<DataFormat> kDataFormatNames = {
+    {"auto", DataFormat::auto_detect}, {"dir", DataFormat::dir},
+    {"glob", DataFormat::glob},        {"manifest", DataFormat::manifest},
+    {"fasta", DataFormat::fasta},      {"lines", DataFormat::lines},
+    {"idx", DataFormat::idx}};
 const Names<TaskKind> kTaskNames = {{"embed", TaskKind::embed},
                                     {"hidden", TaskKind::hidden},
                                     {"classify", TaskKind::classify},
@@ -725,9 +727,10 @@ KeyRule model_path_key() {
 
 KeyRule data_path_key() {
   KeyRule r;
-  r.spec = {"data.path", "path", "none",
-            "the dataset: a directory, a glob (data/*.jpg), a manifest (.csv, .jsonl), a FASTA file or a text file; "
-            "relative to the YAML file"};
+  r.spec = {
+      "data.path", "path", "none",
+      "the dataset: a directory, a glob (data/*.jpg), a manifest (.csv, .jsonl), a FASTA file, an IDX image "
+      "file (MNIST's) or a text file; relative to the YAML file"};
   r.nullable = true;
   r.read = [](const Node& n, const std::string& key, WalkContext& c) {
     std::string p;
@@ -755,6 +758,22 @@ KeyRule train_data_key(const std::string& path, std::string TrainConfig::*field,
   r.print = [field](const Experiment& e) {
     const std::string& v = e.train.*field;
     return v.empty() ? std::string("null") : quote(v);
+  };
+  return r;
+}
+
+KeyRule data_labels_key() {
+  KeyRule r;
+  r.spec = {
+      "data.labels", "path", "none",
+      "idx: the labels file (idx1, one u8 per image) of data.path's images, the items' labels; relative to "
+      "the YAML file"};
+  r.nullable = true;
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    return read_path(n, key, c, true, &c.exp->data.labels);
+  };
+  r.print = [](const Experiment& e) {
+    return e.data.labels.empty() ? std::string("null") : quote(e.data.labels);
   };
   return r;
 }
@@ -1149,15 +1168,22 @@ std::vector<KeyRule> build_rules() {
                       FIELD(runtime.workers)));
   r.push_back(plugins_key());
   r.push_back(data_path_key());
-  r.push_back(enum_key("data.format", kDataFormatNames, "auto",
-                       "how to read data.path; auto: a directory, a glob, .csv/.jsonl manifests, "
-                       ".fasta/.fa/.faa/.fas/.fna/.ffn, else lines of text",
-                       FIELD(data.format)));
+  r.push_back(enum_key(
+      "data.format", kDataFormatNames, "auto",
+      "how to read data.path; auto: a directory, a glob, .csv/.jsonl manifests, "
+      ".fasta/.fa/.faa/.fas/.fna/.ffn, IDX images (-idx3-ubyte, -idx3-ubyte.gz, .idx), else lines of "
+      "text",
+      FIELD(data.format)));
   r.push_back(int_key("data.limit", kNonNegative, "0", "read at most this many items; 0 = all", FIELD(data.limit)));
   r.push_back(bool_key("data.allow_missing", "false",
                        "manifests with several plugins: an item may leave some plugins' columns empty and is "
                        "encoded from the inputs it has (at least one); false: such an item is a bad item",
                        FIELD(data.allow_missing)));
+  r.push_back(data_labels_key());
+  r.push_back(string_list_key("data.label_names",
+                              "idx, with data.labels: the name of each label value (label 0 is the first); "
+                              "labels are then these names, else the values as numbers",
+                              FIELD(data.label_names)));
   r.push_back(enum_key("task.kind", kTaskNames, "embed",
                        "embed: one pooled vector per item; hidden: every row's state; classify: top-k classes; "
                        "score: next-token probabilities and the sequence's log-likelihood; generate: continue "
@@ -1556,6 +1582,21 @@ void resolve_model(WalkContext& c) {
   }
 }
 
+// data.labels and data.label_names belong to IDX datasets (the runner detects the format of
+// data.format auto from the file name).
+void resolve_data(WalkContext& c) {
+  const DataConfig& d = c.exp->data;
+  const bool idx = d.format == DataFormat::idx || d.format == DataFormat::auto_detect;
+  if (!d.labels.empty() && !idx && !c.is_bad("data.format"))
+    c.error(c.where("data.labels"), "data.labels",
+            std::string("a labels file belongs to an IDX dataset, but data.format is ") +
+                data_format_name(d.format),
+            "manifests give each item's label in a label column");
+  if (!d.label_names.empty() && d.labels.empty() && !c.is_bad("data.labels"))
+    c.error(c.where("data.label_names"), "data.label_names", "names for the labels, but no data.labels file",
+            "give data.labels, the idx1 file of the images' labels");
+}
+
 void resolve_input(WalkContext& c) {
   InputConfig& in = c.exp->input;
   const ModelConfig& m = c.exp->model;
@@ -1631,6 +1672,7 @@ void resolve(WalkContext& c) {
     resolve_model(c);
   }
   resolve_input(c);
+  resolve_data(c);
   BenchConfig& b = c.exp->bench;
   if (!c.is_given("bench.seq_len")) b.seq_len = std::min<int64_t>(c.exp->model.positions.max_len, 128);
 

@@ -1,6 +1,8 @@
-// Datasets: a directory, a glob, a manifest (CSV or JSONL), a FASTA file or a text file, listed as
-// items with stable ids. Files are not read here beyond what splitting needs (FASTA records, lines,
-// manifest rows); plugins see the bytes later. A broken item is listed with its error, not dropped.
+// Datasets: a directory, a glob, a manifest (CSV or JSONL), a FASTA file, an IDX image file or a
+// text file, listed as items with stable ids. Files are not read here beyond what splitting needs
+// (FASTA records, lines, manifest rows), and plugins see the bytes later; IDX files, gzip'd and so
+// read whole, are the exception: each image is cut out here, as a small PGM file in memory. A
+// broken item is listed with its error, not dropped.
 #include <glob.h>
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/fileio.h"
+#include "tessera/idx.h"
 #include "tessera/run.h"
 
 namespace tessera {
@@ -31,11 +34,19 @@ size_t after_bom(const char* data, size_t n) {
 
 bool has_wildcard(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 DataFormat detect(const std::string& path) {
   if (has_wildcard(path)) return DataFormat::glob;
   std::error_code ec;
   if (fs::is_directory(path, ec)) return DataFormat::dir;
   const std::string ext = lower(fs::path(path).extension().string());
+  const std::string name = lower(fs::path(path).filename().string());
+  // MNIST's names: train-images-idx3-ubyte(.gz), and mirrors' train-images.idx3-ubyte
+  if (ends_with(name, "idx3-ubyte") || ends_with(name, "idx3-ubyte.gz") || ext == ".idx")
+    return DataFormat::idx;
   if (ext == ".csv" || ext == ".jsonl") return DataFormat::manifest;
   if (ext == ".fasta" || ext == ".fa" || ext == ".faa" || ext == ".fas" || ext == ".fna" || ext == ".ffn")
     return DataFormat::fasta;
@@ -59,10 +70,12 @@ ItemPart file_part(const PluginInput& p, const std::string& path) {
   return part;
 }
 
-Status one_plugin(const std::vector<PluginInput>& plugins, const char* format) {
+// `dataset` names the kind with its article: "a directory", "an IDX".
+Status one_plugin(const std::vector<PluginInput>& plugins, const char* dataset) {
   if (plugins.size() != 1)
-    return Status::Invalid(std::string("a ") + format + " dataset feeds exactly one plugin, but the experiment has " +
-                           std::to_string(plugins.size()) + " (pair inputs of several plugins in a manifest)");
+    return Status::Invalid(
+        std::string(dataset) + " dataset feeds exactly one plugin, but the experiment has " +
+        std::to_string(plugins.size()) + " (pair inputs of several plugins in a manifest)");
   return Status::Ok();
 }
 
@@ -192,6 +205,77 @@ Result<std::vector<DataItem>> read_lines(const std::string& path, const PluginIn
   }
   (void)p;
   if (items.empty()) return Status::NotFound(path + ": no lines with text");
+  return items;
+}
+
+// ---- IDX images ----------------------------------------------------------------------------------
+
+// The labels of n images from data.labels: one integer per image, as its name in data.label_names
+// or as the number.
+Result<std::vector<std::string>> read_idx_labels(const DataConfig& data, int64_t n) {
+  TSR_ASSIGN_OR_RETURN(Tensor labels, idx::load(data.labels));
+  if (labels.dtype() != DType::u8 || labels.rank() != 1)
+    return Status::Invalid(data.labels + ": holds " + labels.describe() +
+                           ", but an IDX labels file holds one u8 per image (idx1: magic 00 00 08 01)");
+  if (labels.dim(0) != n)
+    return Status::Invalid(data.labels + " holds " + std::to_string(labels.dim(0)) + " labels, but " +
+                           data.path + " holds " + std::to_string(n) +
+                           " images (give the labels file of the same split)");
+  const uint8_t* v = labels.data<uint8_t>();
+  std::vector<std::string> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    if (data.label_names.empty()) {
+      out[static_cast<size_t>(i)] = std::to_string(v[i]);
+    } else if (v[i] < data.label_names.size()) {
+      out[static_cast<size_t>(i)] = data.label_names[v[i]];
+    } else {
+      return Status::Invalid(data.labels + ": byte " + std::to_string(8 + i) + " of the IDX data: image " +
+                             std::to_string(i) + "'s label " + std::to_string(v[i]) +
+                             " has no name (data.label_names names " +
+                             std::to_string(data.label_names.size()) + ", for labels 0.." +
+                             std::to_string(data.label_names.size() - 1) + ")");
+    }
+  }
+  return out;
+}
+
+// Each image of a u8 (count, rows, cols) IDX file is an item, the first `limit` of them (0: all).
+// The plugin gets it as a binary PGM file (P5), which the image plugin decodes like any other.
+Result<std::vector<DataItem>> read_idx(const DataConfig& data, const PluginInput& p) {
+  if (p.kind != TSR_INPUT_FILE)
+    return Status::Invalid(data.path + " holds IDX images, but plugin " + p.name +
+                           " reads text (use a plugin that reads image files, such as image)");
+  TSR_ASSIGN_OR_RETURN(Tensor images, idx::load(data.path));
+  if (images.dtype() != DType::u8 || images.rank() != 3)
+    return Status::Invalid(
+        data.path + ": holds " + images.describe() +
+        ", but an IDX image file holds u8 images (count, rows, cols; idx3: magic 00 00 08 03)");
+  const int64_t n = images.dim(0), rows = images.dim(1), cols = images.dim(2);
+  if (rows == 0 || cols == 0)
+    return Status::Invalid(data.path + ": its images are " + std::to_string(rows) + "×" +
+                           std::to_string(cols) + " pixels (none)");
+  std::vector<std::string> labels;
+  if (!data.labels.empty()) {
+    TSR_ASSIGN_OR_RETURN(labels, read_idx_labels(data, n));
+  }
+  const int64_t count = data.limit > 0 ? std::min(n, data.limit) : n;
+  const std::string base = fs::path(data.path).filename().string();
+  const std::string header = "P5\n" + std::to_string(cols) + " " + std::to_string(rows) + "\n255\n";
+  const size_t pixels = static_cast<size_t>(rows * cols);
+  const auto* px = images.data<uint8_t>();
+  std::vector<DataItem> items(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    DataItem& it = items[static_cast<size_t>(i)];
+    it.id = base + "#" + std::to_string(i);
+    if (!labels.empty()) it.label = labels[static_cast<size_t>(i)];
+    ItemPart part;
+    part.path = data.path;
+    part.in_memory = true;
+    part.bytes.reserve(header.size() + pixels);
+    part.bytes.append(header).append(reinterpret_cast<const char*>(px + static_cast<size_t>(i) * pixels),
+                                     pixels);
+    it.parts.push_back(std::move(part));
+  }
   return items;
 }
 
@@ -367,31 +451,39 @@ Result<std::vector<DataItem>> read_dataset(const DataConfig& data, const std::ve
   if (data.path.empty()) return Status::Invalid("no dataset: set data.path (a directory, glob, manifest, FASTA or text file)");
   if (plugins.empty()) return Status::Invalid("no plugins: list at least one under plugins: to turn items into rows");
   const DataFormat f = data.format == DataFormat::auto_detect ? detect(data.path) : data.format;
+  if (!data.labels.empty() && f != DataFormat::idx)
+    return Status::Invalid(
+        data.path + " is read as " + data_format_name(f) + ", but data.labels (" + data.labels +
+        ") belongs to IDX images (name them *-idx3-ubyte(.gz) or *.idx, or set data.format: idx)");
   std::error_code ec;
   if (f != DataFormat::glob && !fs::exists(data.path, ec)) return Status::NotFound(data.path + ": no such file or directory");
   Result<std::vector<DataItem>> items = Status::Internal("unknown data format");
   switch (f) {
     case DataFormat::dir:
-      TSR_RETURN_IF_ERROR(one_plugin(plugins, "directory"));
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "a directory"));
       items = read_dir(data.path, plugins[0]);
       break;
     case DataFormat::glob:
-      TSR_RETURN_IF_ERROR(one_plugin(plugins, "glob"));
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "a glob"));
       items = read_glob(data.path, plugins[0]);
       break;
     case DataFormat::manifest: items = read_manifest(data.path, plugins, data.allow_missing); break;
     case DataFormat::fasta:
-      TSR_RETURN_IF_ERROR(one_plugin(plugins, "FASTA"));
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "a FASTA"));
       if (plugins[0].kind != TSR_INPUT_TEXT)
         return Status::Invalid("a FASTA dataset needs a plugin that reads text, but " + plugins[0].name + " reads files");
       items = read_fasta(data.path);
       break;
     case DataFormat::lines:
-      TSR_RETURN_IF_ERROR(one_plugin(plugins, "text-lines"));
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "a text-lines"));
       if (plugins[0].kind != TSR_INPUT_TEXT)
         return Status::Invalid(data.path + " is read as lines of text, but plugin " + plugins[0].name +
                                " reads files (point data.path at a directory or a manifest instead)");
       items = read_lines(data.path, plugins[0]);
+      break;
+    case DataFormat::idx:
+      TSR_RETURN_IF_ERROR(one_plugin(plugins, "an IDX"));
+      items = read_idx(data, plugins[0]);
       break;
     case DataFormat::auto_detect: break;
   }

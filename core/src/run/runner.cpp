@@ -81,6 +81,7 @@ std::string safe_name(const std::string& id) {
 }
 
 Result<std::string> item_bytes(const ItemPart& p) {
+  if (p.in_memory) return p.bytes;
   if (p.path.empty()) return p.text;
   if (!p.is_text || p.offset == 0) {
     Result<std::string> all = read_file(p.path);
@@ -121,7 +122,11 @@ uint64_t item_content_hash(const DataItem& item, const std::vector<Result<std::s
   h = hash_field(item.source, h);
   for (size_t p = 0; p < bytes.size(); ++p) {
     const ItemPart& part = item.parts[p];
-    h = hash_field(part.missing ? "missing" : part.is_text ? "text" : "file", h);
+    h = hash_field(part.missing     ? "missing"
+                   : part.in_memory ? "in memory"
+                   : part.is_text   ? "text"
+                                    : "file",
+                   h);
     h = hash_field(part.path, h);
     h = hash_field(std::to_string(part.line), h);
     h = bytes[p].ok() ? hash_field(bytes[p].value(), hash_field("bytes", h))
