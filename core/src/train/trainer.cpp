@@ -474,6 +474,10 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   TSR_ASSIGN_OR_RETURN(Optimizer optim, Optimizer::create(optimizer_options(tc), params));
   const std::string hash = config_hash(exp);
   int64_t step = 0, best_step = 0, since_best = 0;
+  // The training loss summed since the last metrics line: checkpointed, so that a resumed run's
+  // first line averages over the same steps as the uninterrupted run's.
+  double loss_sum = 0;
+  int64_t loss_n = 0;
   EvalResult best;
   bool have_best = false;
   if (opt.resume) {
@@ -496,6 +500,10 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       best_step = st.value("best_step", int64_t{0});
       since_best = st.value("since_best", int64_t{0});
     }
+    if (st.is_object()) {
+      loss_sum = st.value("loss_sum", 0.0);
+      loss_n = st.value("loss_n", int64_t{0});
+    }
     TSR_RETURN_IF_ERROR(trim_metrics(metrics_path, step));
     sum.steps_resumed = step;
   }
@@ -510,7 +518,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     ck.weights = params;
     ck.optimizer = optim.state();
     ck.config_hash = hash;
-    json st = {{"step", at}, {"best_step", best_step}, {"since_best", since_best}};
+    json st = {{"step", at}, {"best_step", best_step}, {"since_best", since_best},
+               {"loss_sum", loss_sum}, {"loss_n", loss_n}};
     if (have_best) st["best"] = eval_json(best);
     ck.state_json = st.dump();
     return write_checkpoint(ckpt_dir, ck, static_cast<int>(tc.keep));
@@ -527,8 +536,6 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   int64_t order_epoch = -1;
   const auto loop_start = std::chrono::steady_clock::now();
   const int64_t first = step;
-  double loss_sum = 0;
-  int64_t loss_n = 0;
   while (step < total) {
     const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
     if (!lm && epoch != order_epoch) {
