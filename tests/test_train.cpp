@@ -330,3 +330,13 @@ TEST(TrainResume, LmKilledThreeTimesIsBitIdentical) {
                 d);
   });
 }
+
+TEST(TrainResume, ClassifyWithAccumulationKilledThreeTimesIsBitIdentical) {
+  // log_every 2 does not divide the checkpoint interval: the averaged loss lines must still agree.
+  kill_resume_compare("resume_classify", [](const std::string& d) {
+    const std::string data = classify_file(d, 10);
+    return load(classify_yaml(data, "max_steps: 12, batch_size: 8, accumulate: 2, lr: 0.01, eval_every: 3, "
+                                    "log_every: 2, validation: 0.2"),
+                d);
+  });
+}
