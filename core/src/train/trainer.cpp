@@ -527,6 +527,14 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   if (!opt.resume) log({{"step", 0}, {"event", "start"}, {"config_hash", hash}, {"examples", per_epoch},
                         {"steps", total}, {"parameters", params.numel()}});
 
+  // A diverged run stops, naming the newest checkpoint (written only after a finite evaluation).
+  auto diverged = [&](int64_t at, const std::string& what) {
+    Result<Checkpoint> last = read_checkpoint(ckpt_dir);
+    return Status::Invalid("train: step " + std::to_string(at) + ": the " + what + ". The last good checkpoint is " +
+                           (last.ok() ? last->path : std::string("none (no checkpoint yet)")) +
+                           ": lower train.lr, raise train.warmup_steps or set train.clip_norm, then --resume");
+  };
+
   // The loop.
   Parameters grads = params.zeros_like();
   GradOptions go;
@@ -576,15 +584,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     if (parts > 1) scale(grads, 1.0 / static_cast<double>(parts));
     step_loss /= static_cast<double>(parts);
     std::string bad;
-    if (!std::isfinite(step_loss) || !all_finite(grads, &bad)) {
-      Result<Checkpoint> last = read_checkpoint(ckpt_dir);
-      return Status::Invalid("train: step " + std::to_string(step + 1) + ": the " +
-                             (std::isfinite(step_loss) ? "gradient of " + bad : std::string("loss")) +
-                             " is not finite (NaN or Inf)" +
-                             (bad.empty() ? "" : "; it first appears in " + bad) + ". The last good checkpoint is " +
-                             (last.ok() ? last->path : std::string("none (no checkpoint yet)")) +
-                             ": lower train.lr, raise train.warmup_steps or set train.clip_norm, then --resume");
-    }
+    if (!std::isfinite(step_loss) || !all_finite(grads, &bad))
+      return diverged(step + 1, (std::isfinite(step_loss) ? "gradient of " + bad : std::string("loss")) +
+                                    " is not finite (NaN or Inf)" + (bad.empty() ? "" : "; it first appears in " + bad));
     const double norm = clip_grad_norm(grads, tc.clip_norm);
     const double lr = scheduled_lr(schedule_options(tc), tc.lr, step, total);
     TSR_RETURN_IF_ERROR(optim.step(params, grads, lr));
@@ -607,6 +609,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     const bool eval_now = tc.eval_every > 0 ? step % tc.eval_every == 0 || step == total : epoch_end || step == total;
     if (eval_now) {
       TSR_ASSIGN_OR_RETURN(EvalResult e, evaluate(exp, params, val, micro));
+      // Finite gradients can still step to weights whose outputs overflow: such weights are
+      // neither the best nor a checkpoint to resume from.
+      if (!std::isfinite(e.loss)) return diverged(step, "validation loss is not finite (NaN or Inf)");
       json j = {{"step", step}, {"epoch", epoch + 1}, {"eval", eval_json(e)}};
       const bool improved = !have_best || better(tc.metric, e, best);
       if (improved) {
