@@ -532,7 +532,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     Result<Checkpoint> last = read_checkpoint(ckpt_dir);
     return Status::Invalid("train: step " + std::to_string(at) + ": the " + what + ". The last good checkpoint is " +
                            (last.ok() ? last->path : std::string("none (no checkpoint yet)")) +
-                           ": lower train.lr, raise train.warmup_steps or set train.clip_norm, then --resume");
+                           ": lower train.lr, raise train.warmup_steps or set train.clip_norm and start again with --force "
+                           "(--resume continues only under the config the run was started with)");
   };
 
   // The loop.
