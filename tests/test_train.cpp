@@ -135,6 +135,19 @@ std::vector<json> metrics(const std::string& run) {
 
 bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 
+// Every tensor of a safetensors file, name and bytes, in file order: what two weights files share
+// when their metadata differ.
+std::string tensor_data(const std::string& path) {
+  Result<safetensors::File> f = safetensors::File::open(path);
+  if (!f.ok()) return "";
+  std::string out;
+  for (const safetensors::TensorInfo& t : f->tensors()) {
+    const Tensor v = f->get(t.name)->contiguous();
+    out += t.name + ":" + std::string(static_cast<const char*>(v.raw_data()), v.nbytes());
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -339,4 +352,198 @@ TEST(TrainResume, ClassifyWithAccumulationKilledThreeTimesIsBitIdentical) {
                                     "log_every: 2, validation: 0.2"),
                 d);
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals
+
+TEST(TrainRefuses, ResumeWithAChangedConfigNamesBothHashes) {
+  const std::string d = temp_dir("changed");
+  const std::string data = classify_file(d, 10);
+  const std::string train = "batch_size: 8, eval_every: 2, lr: ";
+  const Experiment a = load(classify_yaml(data, train + "0.01, max_steps: 2"), d),
+                   b = load(classify_yaml(data, train + "0.02, max_steps: 2"), d);
+  train_ok(a, options(d + "/a"));
+  train_ok(b, options(d + "/b"));  // only for the hash its config has
+  const std::string hash_a = metrics(d + "/a")[0]["config_hash"], hash_b = metrics(d + "/b")[0]["config_hash"];
+  ASSERT_NE(hash_a, hash_b);
+  Result<TrainSummary> r = train_experiment(b, options(d + "/a", true));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(has(r.status().message(), "the run was started with config " + hash_a + ", this config is " + hash_b))
+      << r.status().message();
+  // More steps and another log interval are no change: the run continues.
+  const Experiment longer = load(classify_yaml(data, train + "0.01, max_steps: 4, log_every: 1"), d);
+  const TrainSummary s = train_ok(longer, options(d + "/a", true));
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_EQ(s.steps_resumed, 2);
+}
+
+TEST(TrainRefuses, AFolderHoldingARunWithoutResumeOrForce) {
+  const std::string d = temp_dir("again");
+  const Experiment e = load(classify_yaml(classify_file(d, 10), "max_steps: 2, batch_size: 8"), d);
+  train_ok(e, options(d + "/run"));
+  Result<TrainSummary> r = train_experiment(e, options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(has(r.status().message(), "already holds a training run: pass --resume to continue it, or --force"))
+      << r.status().message();
+  TrainOptions force = options(d + "/run");
+  force.force = true;
+  const TrainSummary s = train_ok(e, force);
+  EXPECT_EQ(s.steps_resumed, 0);
+  const Lines l = lines_of(d + "/run");
+  EXPECT_EQ(l.starts, 1);  // the old run's metrics are gone
+  EXPECT_EQ(l.steps, (std::vector<int64_t>{2}));
+}
+
+TEST(TrainRefuses, AModelWithoutAClassifierOrLmHead) {
+  const std::string d = temp_dir("nohead");
+  std::string yaml = classify_yaml(classify_file(d, 5), "max_steps: 2");
+  yaml.replace(yaml.find("kind: classifier, n_classes: 3, "), std::string("kind: classifier, n_classes: 3, ").size(),
+               "kind: pool, ");
+  const Experiment e = load(yaml, d);
+  Result<TrainSummary> r = train_experiment(e, options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(has(r.status().message(), "the model has neither a classifier nor an LM head (model.head.kind is pool)"))
+      << r.status().message();
+  EXPECT_FALSE(fs::exists(d + "/run/checkpoints"));
+}
+
+TEST(TrainRefuses, AccumulateNotDividingTheBatchIsAConfigError) {
+  const std::string d = temp_dir("accumulate");
+  Diagnostics diags;
+  EXPECT_FALSE(try_load(classify_yaml(d + "/none.jsonl", "batch_size: 10, accumulate: 4"), d, &diags));
+  EXPECT_TRUE(has(diags.str(), "train.accumulate: batch_size 10 does not divide into 4 micro-batches")) << diags.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// A diverging run stops at the first non-finite loss or gradient.
+
+TEST(TrainStopsOnNan, AHugeLearningRateStopsNamingTheStepAndTheLastGoodCheckpoint) {
+  const std::string d = temp_dir("nan");
+  const std::string data = corpus_file(d, 4000);
+  const Experiment e = load(lm_yaml(data, "max_steps: 20, batch_size: 4, seq_len: 32, lr: 1e30, clip_norm: 0, "
+                                          "schedule: constant, eval_every: 1, log_every: 1"),
+                            d);
+  Result<TrainSummary> r = train_experiment(e, options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  const std::string msg = r.status().message();
+  std::printf("[ nan ] %s\n", msg.c_str());
+  EXPECT_TRUE(has(msg, "train: step ")) << msg;
+  EXPECT_TRUE(has(msg, "is not finite (NaN or Inf)")) << msg;
+  // Step 1 already gives weights whose outputs overflow: nothing is kept.
+  EXPECT_TRUE(has(msg, "train: step 1: the validation loss is not finite (NaN or Inf). "
+                       "The last good checkpoint is none (no checkpoint yet)")) << msg;
+  EXPECT_FALSE(fs::exists(d + "/run/best.safetensors"));
+  // Whatever was written holds finite weights only: best.safetensors and every checkpoint.
+  auto finite = [](const std::string& path) {
+    Result<safetensors::File> f = safetensors::File::open(path);
+    EXPECT_TRUE(f.ok()) << path;
+    if (!f.ok()) return false;
+    for (const safetensors::TensorInfo& t : f->tensors()) {
+      const std::vector<float> v = f->get(t.name)->to_vector();
+      for (float x : v)
+        if (!std::isfinite(x)) return false;
+    }
+    return true;
+  };
+  if (fs::exists(d + "/run/best.safetensors")) {
+    EXPECT_TRUE(finite(d + "/run/best.safetensors"));
+  }
+  for (const auto& f : fs::recursive_directory_iterator(d + "/run"))
+    if (f.path().filename() == "weights.safetensors") {
+      EXPECT_TRUE(finite(f.path().string())) << f.path();
+    }
+  // No evaluation with a non-finite loss is taken for the best.
+  for (const json& j : metrics(d + "/run"))
+    if (j.contains("eval") && j.value("best", false)) {
+      EXPECT_TRUE(j["eval"]["loss"].is_number()) << j.dump();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line
+
+namespace {
+
+struct Ran {
+  int code = -1;
+  std::string out, err;
+};
+
+Ran run_cli(const std::string& args, const std::string& dir) {
+  const std::string err_file = dir + "/stderr.txt";
+  FILE* p = popen((kTessera + " " + args + " 2>" + err_file).c_str(), "r");
+  Ran r;
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = slurp(err_file);
+  return r;
+}
+
+}  // namespace
+
+TEST(TrainCli, TrainsAndRefusesABadConfigWithExitCode2) {
+  const std::string d = temp_dir("cli");
+  write(d + "/exp.yaml", classify_yaml(classify_file(d, 10), "max_steps: 3, batch_size: 8"));
+  const Ran ok = run_cli("train " + d + "/exp.yaml --out " + d + "/run --quiet", d);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_TRUE(has(ok.out, "trained 3 steps in ")) << ok.out;
+  EXPECT_TRUE(has(ok.out, "best weights: " + d + "/run/best.safetensors")) << ok.out;
+  EXPECT_EQ(ok.err, "");  // --quiet: no progress
+  EXPECT_TRUE(fs::exists(d + "/run/summary.json"));
+  // Again without --resume: refused as bad input; with it and more steps, it continues.
+  const Ran again = run_cli("train " + d + "/exp.yaml --out " + d + "/run --quiet", d);
+  EXPECT_EQ(again.code, 2);
+  EXPECT_TRUE(has(again.err, "--resume")) << again.err;
+  const Ran resumed = run_cli("train " + d + "/exp.yaml --out " + d + "/run --quiet --resume --set train.max_steps=5", d);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_TRUE(has(resumed.out, "trained 5 steps (3 before the resume)")) << resumed.out;
+
+  write(d + "/bad.yaml", classify_yaml(d + "/items.jsonl", "batch_size: 8, accumulate: 3"));
+  const Ran bad = run_cli("train " + d + "/bad.yaml --out " + d + "/bad --quiet", d);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(has(bad.err, "train.accumulate")) << bad.err;
+  EXPECT_FALSE(fs::exists(d + "/bad"));
+}
+
+TEST(TrainStopsOnNan, AfterAGoodCheckpointItIsNamed) {
+  // Warmup makes step 1's rate 0 (a finite checkpoint); step 2 diverges at 1e29.
+  const std::string d = temp_dir("nan_later");
+  const Experiment e = load(lm_yaml(corpus_file(d, 4000), "max_steps: 20, batch_size: 4, seq_len: 32, lr: 1e30, "
+                                                          "clip_norm: 0, warmup_steps: 10, eval_every: 1, log_every: 1"),
+                            d);
+  Result<TrainSummary> r = train_experiment(e, options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  const std::string msg = r.status().message();
+  std::printf("[ nan ] %s\n", msg.c_str());
+  EXPECT_TRUE(has(msg, "train: step 2: the ")) << msg;
+  EXPECT_TRUE(has(msg, "not finite (NaN or Inf)")) << msg;
+  EXPECT_TRUE(has(msg, "The last good checkpoint is " + d + "/run/checkpoints/step-000001:")) << msg;
+  // The best weights are step 1's, the checkpoint's (tensor data; the checkpoint's header names its step).
+  const std::string best = tensor_data(d + "/run/best.safetensors");
+  EXPECT_FALSE(best.empty());
+  EXPECT_TRUE(best == tensor_data(d + "/run/checkpoints/step-000001/weights.safetensors"));
+  EXPECT_EQ(slurp(d + "/run/checkpoints/latest"), "step-000001\n");
+}
+
+TEST(TrainStopsOnNan, TheAdviceIsAFreshStartSinceResumeKeepsTheConfig) {
+  const std::string d = temp_dir("nan_advice");
+  const std::string data = corpus_file(d, 4000);
+  const std::string train = "max_steps: 6, batch_size: 4, seq_len: 32, clip_norm: 0, warmup_steps: 10, eval_every: 1, lr: ";
+  Result<TrainSummary> r = train_experiment(load(lm_yaml(data, train + "1e30"), d), options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(has(r.status().message(), "set train.clip_norm and start again with --force")) << r.status().message();
+  // What the advice rules out: a lower rate cannot --resume the diverged run...
+  const Experiment lower = load(lm_yaml(data, train + "0.001"), d);
+  Result<TrainSummary> resumed = train_experiment(lower, options(d + "/run", true));
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_TRUE(has(resumed.status().message(), "the run was started with config")) << resumed.status().message();
+  // ...and with --force it trains.
+  TrainOptions force = options(d + "/run");
+  force.force = true;
+  EXPECT_EQ(train_ok(lower, force).steps, 6);
 }
