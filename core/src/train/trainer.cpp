@@ -474,6 +474,10 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   TSR_ASSIGN_OR_RETURN(Optimizer optim, Optimizer::create(optimizer_options(tc), params));
   const std::string hash = config_hash(exp);
   int64_t step = 0, best_step = 0, since_best = 0;
+  // The training loss summed since the last metrics line: checkpointed, so that a resumed run's
+  // first line averages over the same steps as the uninterrupted run's.
+  double loss_sum = 0;
+  int64_t loss_n = 0;
   EvalResult best;
   bool have_best = false;
   if (opt.resume) {
@@ -496,6 +500,10 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       best_step = st.value("best_step", int64_t{0});
       since_best = st.value("since_best", int64_t{0});
     }
+    if (st.is_object()) {
+      loss_sum = st.value("loss_sum", 0.0);
+      loss_n = st.value("loss_n", int64_t{0});
+    }
     TSR_RETURN_IF_ERROR(trim_metrics(metrics_path, step));
     sum.steps_resumed = step;
   }
@@ -510,13 +518,23 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     ck.weights = params;
     ck.optimizer = optim.state();
     ck.config_hash = hash;
-    json st = {{"step", at}, {"best_step", best_step}, {"since_best", since_best}};
+    json st = {{"step", at}, {"best_step", best_step}, {"since_best", since_best},
+               {"loss_sum", loss_sum}, {"loss_n", loss_n}};
     if (have_best) st["best"] = eval_json(best);
     ck.state_json = st.dump();
     return write_checkpoint(ckpt_dir, ck, static_cast<int>(tc.keep));
   };
   if (!opt.resume) log({{"step", 0}, {"event", "start"}, {"config_hash", hash}, {"examples", per_epoch},
                         {"steps", total}, {"parameters", params.numel()}});
+
+  // A diverged run stops, naming the newest checkpoint (written only after a finite evaluation).
+  auto diverged = [&](int64_t at, const std::string& what) {
+    Result<Checkpoint> last = read_checkpoint(ckpt_dir);
+    return Status::Invalid("train: step " + std::to_string(at) + ": the " + what + ". The last good checkpoint is " +
+                           (last.ok() ? last->path : std::string("none (no checkpoint yet)")) +
+                           ": lower train.lr, raise train.warmup_steps or set train.clip_norm and start again with --force "
+                           "(--resume continues only under the config the run was started with)");
+  };
 
   // The loop.
   Parameters grads = params.zeros_like();
@@ -527,8 +545,6 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   int64_t order_epoch = -1;
   const auto loop_start = std::chrono::steady_clock::now();
   const int64_t first = step;
-  double loss_sum = 0;
-  int64_t loss_n = 0;
   while (step < total) {
     const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
     if (!lm && epoch != order_epoch) {
@@ -569,15 +585,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     if (parts > 1) scale(grads, 1.0 / static_cast<double>(parts));
     step_loss /= static_cast<double>(parts);
     std::string bad;
-    if (!std::isfinite(step_loss) || !all_finite(grads, &bad)) {
-      Result<Checkpoint> last = read_checkpoint(ckpt_dir);
-      return Status::Invalid("train: step " + std::to_string(step + 1) + ": the " +
-                             (std::isfinite(step_loss) ? "gradient of " + bad : std::string("loss")) +
-                             " is not finite (NaN or Inf)" +
-                             (bad.empty() ? "" : "; it first appears in " + bad) + ". The last good checkpoint is " +
-                             (last.ok() ? last->path : std::string("none (no checkpoint yet)")) +
-                             ": lower train.lr, raise train.warmup_steps or set train.clip_norm, then --resume");
-    }
+    if (!std::isfinite(step_loss) || !all_finite(grads, &bad))
+      return diverged(step + 1, (std::isfinite(step_loss) ? "gradient of " + bad : std::string("loss")) +
+                                    " is not finite (NaN or Inf)" + (bad.empty() ? "" : "; it first appears in " + bad));
     const double norm = clip_grad_norm(grads, tc.clip_norm);
     const double lr = scheduled_lr(schedule_options(tc), tc.lr, step, total);
     TSR_RETURN_IF_ERROR(optim.step(params, grads, lr));
@@ -600,6 +610,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     const bool eval_now = tc.eval_every > 0 ? step % tc.eval_every == 0 || step == total : epoch_end || step == total;
     if (eval_now) {
       TSR_ASSIGN_OR_RETURN(EvalResult e, evaluate(exp, params, val, micro));
+      // Finite gradients can still step to weights whose outputs overflow: such weights are
+      // neither the best nor a checkpoint to resume from.
+      if (!std::isfinite(e.loss)) return diverged(step, "validation loss is not finite (NaN or Inf)");
       json j = {{"step", step}, {"epoch", epoch + 1}, {"eval", eval_json(e)}};
       const bool improved = !have_best || better(tc.metric, e, best);
       if (improved) {

@@ -1,0 +1,549 @@
+// `tessera train`: a tiny byte-level LM and a tiny classifier that must actually learn, runs killed
+// with SIGKILL and resumed to bit-identical weights, the refusals, the NaN stop and the CLI. Models
+// are tiny (d_model 32, one layer) and runs short so that the suite stays well under a minute.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "tessera/checkpoint.h"
+#include "tessera/config.h"
+#include "tessera/model.h"
+#include "tessera/parameters.h"
+#include "tessera/safetensors.h"
+#include "tessera/train.h"
+
+using namespace tessera;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kPluginDir = TESSERA_PLUGIN_BUILD_DIR;  // libtessera_text.so
+const std::string kTessera = std::string(TESSERA_BINARY_DIR) + "/tessera";
+
+// Run folders of death tests: the re-executed child must compute the same name (no pid), and
+// another build tree testing on the same machine must not share it.
+std::string fixed_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "tessera_train_" + name + "_" +
+                        std::to_string(std::hash<std::string>{}(TESSERA_BINARY_DIR));
+  fs::create_directories(d);
+  return d;
+}
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "tessera_train_" + name + "_" + std::to_string(getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// The first `bytes` of the test corpus (whole lines), as a text file in `dir`: one item per line.
+std::string corpus_file(const std::string& dir, size_t bytes) {
+  std::ifstream f(std::string(TESSERA_TEST_DATA) + "/text/corpus.txt");
+  std::string text, line;
+  while (text.size() < bytes && std::getline(f, line)) text += line + "\n";
+  write(dir + "/corpus.txt", text);
+  return dir + "/corpus.txt";
+}
+
+// Texts whose class shows in their characters: alpha of a/b, beta of x/y, gamma of 0/1, written
+// in an order that is not sorted by label. `extra` lines are appended as they are.
+std::string classify_file(const std::string& dir, int per_class, const std::string& extra = "") {
+  const std::vector<std::pair<std::string, std::string>> classes = {{"gamma", "01"}, {"alpha", "ab"}, {"beta", "xy"}};
+  std::mt19937 rng(7);
+  std::string text;
+  for (int i = 0; i < per_class; ++i)
+    for (const auto& [label, chars] : classes) {
+      std::string t(static_cast<size_t>(6 + rng() % 14), ' ');
+      for (char& ch : t) ch = chars[rng() % 2];
+      text += json{{"text", t}, {"label", label}}.dump() + "\n";
+    }
+  write(dir + "/items.jsonl", text + extra);
+  return dir + "/items.jsonl";
+}
+
+const std::string kPlugin = "plugins:\n  - name: text\n    path: " + kPluginDir + "\n    options: {tokenizer: bytes}\n";
+
+std::string lm_yaml(const std::string& data, const std::string& train) {
+  return kPlugin +
+         "model:\n  arch: decoder\n  d_model: 32\n  n_heads: 2\n  n_layers: 1\n"
+         "  stem: {kind: tokens, vocab_size: 259}\n  positions: {kind: learned, max_len: 64}\n"
+         "  head: {kind: lm, tied: true}\n"
+         "data:\n  path: " + data + "\ntrain: {" + train + "}\n";
+}
+
+std::string classify_yaml(const std::string& data, const std::string& train, const std::string& head = "") {
+  return kPlugin +
+         "model:\n  d_model: 32\n  n_heads: 2\n  n_layers: 1\n"
+         "  stem: {kind: tokens, vocab_size: 259}\n  positions: {kind: learned, max_len: 64}\n"
+         "  head: {kind: classifier, n_classes: 3, pool: mean" + head + "}\n"
+         "data:\n  path: " + data + "\ntrain: {" + train + "}\n";
+}
+
+std::optional<Experiment> try_load(const std::string& yaml, const std::string& dir, Diagnostics* d) {
+  return load_experiment_from_string(yaml, "exp.yaml", dir, {}, d);
+}
+
+Experiment load(const std::string& yaml, const std::string& dir) {
+  Diagnostics d;
+  std::optional<Experiment> e = try_load(yaml, dir, &d);
+  EXPECT_TRUE(e) << d.str();
+  return e ? *e : Experiment{};
+}
+
+TrainOptions options(const std::string& out, bool resume = false) {
+  TrainOptions o;
+  o.out_dir = out;
+  o.resume = resume;
+  o.progress = false;
+  return o;
+}
+
+TrainSummary train_ok(const Experiment& e, const TrainOptions& o) {
+  Result<TrainSummary> r = train_experiment(e, o);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : TrainSummary{};
+}
+
+std::vector<json> metrics(const std::string& run) {
+  std::vector<json> out;
+  std::ifstream f(run + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// Every tensor of a safetensors file, name and bytes, in file order: what two weights files share
+// when their metadata differ.
+std::string tensor_data(const std::string& path) {
+  Result<safetensors::File> f = safetensors::File::open(path);
+  if (!f.ok()) return "";
+  std::string out;
+  for (const safetensors::TensorInfo& t : f->tensors()) {
+    const Tensor v = f->get(t.name)->contiguous();
+    out += t.name + ":" + std::string(static_cast<const char*>(v.raw_data()), v.nbytes());
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Learning
+
+TEST(TrainLm, ByteLevelModelLearnsAndItsBestWeightsRun) {
+  const std::string d = temp_dir("lm");
+  const std::string data = corpus_file(d, 20000);
+  const Experiment e = load(lm_yaml(data, "max_steps: 100, batch_size: 16, seq_len: 32, lr: 0.01, warmup_steps: 5, "
+                                          "eval_every: 5, log_every: 10, validation: 0.1"),
+                            d);
+  const TrainSummary s = train_ok(e, options(d + "/run"));
+  ASSERT_EQ(s.steps, 100);
+
+  const std::vector<json> m = metrics(d + "/run");
+  ASSERT_FALSE(m.empty());
+  EXPECT_EQ(m[0].value("event", ""), "start");
+  EXPECT_EQ(m[0].value("steps", 0), 100);
+  std::vector<double> evals;
+  int step_lines = 0;
+  for (const json& j : m) {
+    if (j.contains("loss")) {
+      ++step_lines;
+      EXPECT_TRUE(j.contains("lr") && j.contains("grad_norm")) << j.dump();
+      EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+    }
+    if (j.contains("eval")) evals.push_back(j["eval"]["bits_per_token"].get<double>());
+  }
+  EXPECT_EQ(step_lines, 10);
+  ASSERT_EQ(evals.size(), 20u);
+  // Uniform over 259 ids is 8.02 bits; English bytes are ~4.5 bits under a unigram model.
+  EXPECT_LT(s.best.bits_per_token, 8.0);
+  EXPECT_LT(s.best.bits_per_token, evals[0] - 1.0) << "first evaluation " << evals[0];
+  EXPECT_LT(evals.back(), 5.0);
+  EXPECT_GT(s.best.counted, 1000);  // ~2 KB held out
+  std::printf("[ lm ] bits/token: first eval (step 5) %.3f, best (step %lld) %.3f, last %.3f; %.1f s\n", evals[0],
+              static_cast<long long>(s.best_step), s.best.bits_per_token, evals.back(), s.seconds);
+
+  // best.safetensors as model.weights.file: it builds, and predicts the text better than chance.
+  const std::string yaml = lm_yaml(data, "") + "";
+  Diagnostics diags;
+  LoadOptions lo;
+  lo.overrides = {"model.weights.file=" + d + "/run/best.safetensors"};
+  std::optional<Experiment> b = load_experiment_from_string(yaml, "best.yaml", d, lo, &diags);
+  ASSERT_TRUE(b) << diags.str();
+  Result<Parameters> p = Parameters::resolve(b->model);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  Result<Model> model = Model::build(b->model, *p);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const std::string text = "And God said unto Moses, I AM THAT I AM: and he said, Thus shalt";
+  std::vector<int32_t> ids(text.begin(), text.end());
+  Outputs out;
+  ASSERT_TRUE(model->forward(Batch::from_ids(ids), {}, &out).ok());
+  ASSERT_EQ(out.logits.shape(), Shape({1, static_cast<int64_t>(ids.size()), 259}));
+  double nats = 0;
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    const float* z = out.logits.data<float>() + t * 259;
+    double mx = z[0], sum = 0;
+    for (int v = 1; v < 259; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+    for (int v = 0; v < 259; ++v) sum += std::exp(z[v] - mx);
+    nats += std::log(sum) + mx - z[ids[t + 1]];
+  }
+  const double bits = nats / static_cast<double>(ids.size() - 1) / std::log(2.0);
+  EXPECT_LT(bits, 6.0);
+  std::printf("[ lm ] best.safetensors on an unseen sentence: %.3f bits/token\n", bits);
+}
+
+TEST(TrainClassify, EasyClassesReachHighAccuracyWithSortedClassNames) {
+  const std::string d = temp_dir("classify");
+  const std::string data = classify_file(d, 60);
+  const Experiment e =
+      load(classify_yaml(data, "epochs: 4, batch_size: 16, lr: 0.01, validation: 0.2, log_every: 5"), d);
+  const TrainSummary s = train_ok(e, options(d + "/run"));
+  EXPECT_EQ(s.classes, (std::vector<std::string>{"alpha", "beta", "gamma"}));
+  EXPECT_EQ(s.examples, 144);  // 180 items, 36 held out
+  EXPECT_EQ(s.steps, 4 * 9);
+  EXPECT_EQ(s.best.counted, 36);
+  EXPECT_GE(s.best.accuracy, 0.9);
+  EXPECT_GE(s.best.macro_f1, 0.85);
+  std::printf("[ classify ] accuracy %.3f, macro-F1 %.3f at step %lld; %.1f s\n", s.best.accuracy, s.best.macro_f1,
+              static_cast<long long>(s.best_step), s.seconds);
+  const json summary = json::parse(slurp(d + "/run/summary.json"));
+  EXPECT_EQ(summary["classes"], json({"alpha", "beta", "gamma"}));
+  EXPECT_EQ(summary["best"]["accuracy"].get<double>(), s.best.accuracy);
+}
+
+TEST(TrainClassify, ALabelOutsideTheNamedClassesIsABadItem) {
+  const std::string d = temp_dir("badlabel");
+  const std::string data = classify_file(d, 20, "{\"text\": \"abab\", \"label\": \"delta\"}\n");
+  // Named classes: the unknown label is a bad item, and training goes on.
+  const Experiment e = load(classify_yaml(data, "max_steps: 3, batch_size: 8, validation: 0.1",
+                                          ", labels: [gamma, alpha, beta]"),
+                            d);
+  TrainOptions o = options(d + "/run");
+  o.progress = true;  // the bad item is reported on stderr
+  ::testing::internal::CaptureStderr();
+  Result<TrainSummary> r = train_experiment(e, o);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->classes, (std::vector<std::string>{"gamma", "alpha", "beta"}));  // as named, not sorted
+  EXPECT_EQ(r->examples, 54);  // the 60 good items, 6 held out
+  EXPECT_TRUE(has(err, "1 item(s) could not be read: items.jsonl:61: label \"delta\" is not one of the 3 classes"))
+      << err;
+  // Unnamed classes: the fourth label makes the data disagree with n_classes.
+  const Experiment unnamed = load(classify_yaml(data, "max_steps: 3, batch_size: 8"), d);
+  Result<TrainSummary> refused = train_experiment(unnamed, options(d + "/unnamed"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(has(refused.status().message(), "the data has 4 classes but model.head.n_classes is 3"))
+      << refused.status().message();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resume
+
+namespace {
+
+// Every step line of a run's metrics.jsonl (step -> loss), eval lines (steps), and start lines.
+struct Lines {
+  std::map<int64_t, double> loss;
+  std::vector<int64_t> steps, evals;
+  int starts = 0;
+};
+Lines lines_of(const std::string& run) {
+  Lines l;
+  for (const json& j : metrics(run)) {
+    if (j.value("event", "") == "start") ++l.starts;
+    if (j.contains("eval")) l.evals.push_back(j["step"].get<int64_t>());
+    if (j.contains("loss")) {
+      l.steps.push_back(j["step"].get<int64_t>());
+      l.loss[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+  }
+  return l;
+}
+
+// A run of 12 steps (a checkpoint every 3) killed with SIGKILL after step 4 (last checkpoint 3),
+// resumed and killed after step 7 (checkpoint 6), resumed and killed right after checkpoint 9,
+// then resumed to the end: its final weights, optimizer state and best weights must equal an
+// uninterrupted run's byte for byte, and its metrics.jsonl must hold every step once with the
+// same losses. Each kill happens in a re-executed child (a "threadsafe" death test); nothing
+// before the first EXPECT_EXIT touches the run folder, so each child finds what the last left.
+void kill_resume_compare(const std::string& name, const std::function<Experiment(const std::string&)>& make) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string d = fixed_dir(name);
+  const std::string run = d + "/killed";
+  auto killed_at = [&](int64_t at, bool resume) {
+    if (!resume) fs::remove_all(run);
+    const Experiment e = make(d);
+    TrainOptions o = options(run, resume);
+    o.on_step = [at](int64_t step) {
+      if (step == at) raise(SIGKILL);
+    };
+    (void)train_experiment(e, o);
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(killed_at(4, false), ::testing::KilledBySignal(SIGKILL), "");
+  EXPECT_EQ(slurp(run + "/checkpoints/latest"), "step-000003\n");
+  EXPECT_EXIT(killed_at(7, true), ::testing::KilledBySignal(SIGKILL), "");
+  EXPECT_EQ(slurp(run + "/checkpoints/latest"), "step-000006\n");
+  EXPECT_EXIT(killed_at(9, true), ::testing::KilledBySignal(SIGKILL), "");
+  EXPECT_EQ(slurp(run + "/checkpoints/latest"), "step-000009\n");
+
+  const Experiment e = make(d);
+  const TrainSummary resumed = train_ok(e, options(run, true));
+  EXPECT_EQ(resumed.steps, 12);
+  EXPECT_EQ(resumed.steps_resumed, 9);
+  fs::remove_all(d + "/straight");
+  const TrainSummary straight = train_ok(e, options(d + "/straight"));
+  EXPECT_EQ(straight.steps, 12);
+  EXPECT_EQ(resumed.best_step, straight.best_step);
+  EXPECT_EQ(resumed.best.loss, straight.best.loss);
+  EXPECT_EQ(resumed.last_loss, straight.last_loss);
+  for (const std::string f : {"checkpoints/step-000012/weights.safetensors",
+                              "checkpoints/step-000012/optimizer.safetensors", "best.safetensors"}) {
+    const std::string a = slurp(run + "/" + f), b = slurp(d + "/straight/" + f);
+    EXPECT_FALSE(a.empty()) << f;
+    EXPECT_TRUE(a == b) << f << " differs";
+  }
+  const Lines k = lines_of(run), s = lines_of(d + "/straight");
+  EXPECT_EQ(k.starts, 1);
+  EXPECT_EQ(k.steps, s.steps);  // each logged step once, in order
+  EXPECT_EQ(k.evals, (std::vector<int64_t>{3, 6, 9, 12}));
+  EXPECT_EQ(k.loss, s.loss);  // the same training losses, step for step
+}
+
+}  // namespace
+
+TEST(TrainResume, LmKilledThreeTimesIsBitIdentical) {
+  kill_resume_compare("resume_lm", [](const std::string& d) {
+    const std::string data = corpus_file(d, 6000);
+    return load(lm_yaml(data, "max_steps: 12, batch_size: 8, accumulate: 2, seq_len: 32, lr: 0.01, eval_every: 3, "
+                              "log_every: 1"),
+                d);
+  });
+}
+
+TEST(TrainResume, ClassifyWithAccumulationKilledThreeTimesIsBitIdentical) {
+  // log_every 2 does not divide the checkpoint interval: the averaged loss lines must still agree.
+  kill_resume_compare("resume_classify", [](const std::string& d) {
+    const std::string data = classify_file(d, 10);
+    return load(classify_yaml(data, "max_steps: 12, batch_size: 8, accumulate: 2, lr: 0.01, eval_every: 3, "
+                                    "log_every: 2, validation: 0.2"),
+                d);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals
+
+TEST(TrainRefuses, ResumeWithAChangedConfigNamesBothHashes) {
+  const std::string d = temp_dir("changed");
+  const std::string data = classify_file(d, 10);
+  const std::string train = "batch_size: 8, eval_every: 2, lr: ";
+  const Experiment a = load(classify_yaml(data, train + "0.01, max_steps: 2"), d),
+                   b = load(classify_yaml(data, train + "0.02, max_steps: 2"), d);
+  train_ok(a, options(d + "/a"));
+  train_ok(b, options(d + "/b"));  // only for the hash its config has
+  const std::string hash_a = metrics(d + "/a")[0]["config_hash"], hash_b = metrics(d + "/b")[0]["config_hash"];
+  ASSERT_NE(hash_a, hash_b);
+  Result<TrainSummary> r = train_experiment(b, options(d + "/a", true));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(has(r.status().message(), "the run was started with config " + hash_a + ", this config is " + hash_b))
+      << r.status().message();
+  // More steps and another log interval are no change: the run continues.
+  const Experiment longer = load(classify_yaml(data, train + "0.01, max_steps: 4, log_every: 1"), d);
+  const TrainSummary s = train_ok(longer, options(d + "/a", true));
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_EQ(s.steps_resumed, 2);
+}
+
+TEST(TrainRefuses, AFolderHoldingARunWithoutResumeOrForce) {
+  const std::string d = temp_dir("again");
+  const Experiment e = load(classify_yaml(classify_file(d, 10), "max_steps: 2, batch_size: 8"), d);
+  train_ok(e, options(d + "/run"));
+  Result<TrainSummary> r = train_experiment(e, options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(has(r.status().message(), "already holds a training run: pass --resume to continue it, or --force"))
+      << r.status().message();
+  TrainOptions force = options(d + "/run");
+  force.force = true;
+  const TrainSummary s = train_ok(e, force);
+  EXPECT_EQ(s.steps_resumed, 0);
+  const Lines l = lines_of(d + "/run");
+  EXPECT_EQ(l.starts, 1);  // the old run's metrics are gone
+  EXPECT_EQ(l.steps, (std::vector<int64_t>{2}));
+}
+
+TEST(TrainRefuses, AModelWithoutAClassifierOrLmHead) {
+  const std::string d = temp_dir("nohead");
+  std::string yaml = classify_yaml(classify_file(d, 5), "max_steps: 2");
+  yaml.replace(yaml.find("kind: classifier, n_classes: 3, "), std::string("kind: classifier, n_classes: 3, ").size(),
+               "kind: pool, ");
+  const Experiment e = load(yaml, d);
+  Result<TrainSummary> r = train_experiment(e, options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(has(r.status().message(), "the model has neither a classifier nor an LM head (model.head.kind is pool)"))
+      << r.status().message();
+  EXPECT_FALSE(fs::exists(d + "/run/checkpoints"));
+}
+
+TEST(TrainRefuses, AccumulateNotDividingTheBatchIsAConfigError) {
+  const std::string d = temp_dir("accumulate");
+  Diagnostics diags;
+  EXPECT_FALSE(try_load(classify_yaml(d + "/none.jsonl", "batch_size: 10, accumulate: 4"), d, &diags));
+  EXPECT_TRUE(has(diags.str(), "train.accumulate: batch_size 10 does not divide into 4 micro-batches")) << diags.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// A diverging run stops at the first non-finite loss or gradient.
+
+TEST(TrainStopsOnNan, AHugeLearningRateStopsNamingTheStepAndTheLastGoodCheckpoint) {
+  const std::string d = temp_dir("nan");
+  const std::string data = corpus_file(d, 4000);
+  const Experiment e = load(lm_yaml(data, "max_steps: 20, batch_size: 4, seq_len: 32, lr: 1e30, clip_norm: 0, "
+                                          "schedule: constant, eval_every: 1, log_every: 1"),
+                            d);
+  Result<TrainSummary> r = train_experiment(e, options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  const std::string msg = r.status().message();
+  std::printf("[ nan ] %s\n", msg.c_str());
+  EXPECT_TRUE(has(msg, "train: step ")) << msg;
+  EXPECT_TRUE(has(msg, "is not finite (NaN or Inf)")) << msg;
+  // Step 1 already gives weights whose outputs overflow: nothing is kept.
+  EXPECT_TRUE(has(msg, "train: step 1: the validation loss is not finite (NaN or Inf). "
+                       "The last good checkpoint is none (no checkpoint yet)")) << msg;
+  EXPECT_FALSE(fs::exists(d + "/run/best.safetensors"));
+  // Whatever was written holds finite weights only: best.safetensors and every checkpoint.
+  auto finite = [](const std::string& path) {
+    Result<safetensors::File> f = safetensors::File::open(path);
+    EXPECT_TRUE(f.ok()) << path;
+    if (!f.ok()) return false;
+    for (const safetensors::TensorInfo& t : f->tensors()) {
+      const std::vector<float> v = f->get(t.name)->to_vector();
+      for (float x : v)
+        if (!std::isfinite(x)) return false;
+    }
+    return true;
+  };
+  if (fs::exists(d + "/run/best.safetensors")) {
+    EXPECT_TRUE(finite(d + "/run/best.safetensors"));
+  }
+  for (const auto& f : fs::recursive_directory_iterator(d + "/run"))
+    if (f.path().filename() == "weights.safetensors") {
+      EXPECT_TRUE(finite(f.path().string())) << f.path();
+    }
+  // No evaluation with a non-finite loss is taken for the best.
+  for (const json& j : metrics(d + "/run"))
+    if (j.contains("eval") && j.value("best", false)) {
+      EXPECT_TRUE(j["eval"]["loss"].is_number()) << j.dump();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line
+
+namespace {
+
+struct Ran {
+  int code = -1;
+  std::string out, err;
+};
+
+Ran run_cli(const std::string& args, const std::string& dir) {
+  const std::string err_file = dir + "/stderr.txt";
+  FILE* p = popen((kTessera + " " + args + " 2>" + err_file).c_str(), "r");
+  Ran r;
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = slurp(err_file);
+  return r;
+}
+
+}  // namespace
+
+TEST(TrainCli, TrainsAndRefusesABadConfigWithExitCode2) {
+  const std::string d = temp_dir("cli");
+  write(d + "/exp.yaml", classify_yaml(classify_file(d, 10), "max_steps: 3, batch_size: 8"));
+  const Ran ok = run_cli("train " + d + "/exp.yaml --out " + d + "/run --quiet", d);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_TRUE(has(ok.out, "trained 3 steps in ")) << ok.out;
+  EXPECT_TRUE(has(ok.out, "best weights: " + d + "/run/best.safetensors")) << ok.out;
+  EXPECT_EQ(ok.err, "");  // --quiet: no progress
+  EXPECT_TRUE(fs::exists(d + "/run/summary.json"));
+  // Again without --resume: refused as bad input; with it and more steps, it continues.
+  const Ran again = run_cli("train " + d + "/exp.yaml --out " + d + "/run --quiet", d);
+  EXPECT_EQ(again.code, 2);
+  EXPECT_TRUE(has(again.err, "--resume")) << again.err;
+  const Ran resumed = run_cli("train " + d + "/exp.yaml --out " + d + "/run --quiet --resume --set train.max_steps=5", d);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_TRUE(has(resumed.out, "trained 5 steps (3 before the resume)")) << resumed.out;
+
+  write(d + "/bad.yaml", classify_yaml(d + "/items.jsonl", "batch_size: 8, accumulate: 3"));
+  const Ran bad = run_cli("train " + d + "/bad.yaml --out " + d + "/bad --quiet", d);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(has(bad.err, "train.accumulate")) << bad.err;
+  EXPECT_FALSE(fs::exists(d + "/bad"));
+}
+
+TEST(TrainStopsOnNan, AfterAGoodCheckpointItIsNamed) {
+  // Warmup makes step 1's rate 0 (a finite checkpoint); step 2 diverges at 1e29.
+  const std::string d = temp_dir("nan_later");
+  const Experiment e = load(lm_yaml(corpus_file(d, 4000), "max_steps: 20, batch_size: 4, seq_len: 32, lr: 1e30, "
+                                                          "clip_norm: 0, warmup_steps: 10, eval_every: 1, log_every: 1"),
+                            d);
+  Result<TrainSummary> r = train_experiment(e, options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  const std::string msg = r.status().message();
+  std::printf("[ nan ] %s\n", msg.c_str());
+  EXPECT_TRUE(has(msg, "train: step 2: the ")) << msg;
+  EXPECT_TRUE(has(msg, "not finite (NaN or Inf)")) << msg;
+  EXPECT_TRUE(has(msg, "The last good checkpoint is " + d + "/run/checkpoints/step-000001:")) << msg;
+  // The best weights are step 1's, the checkpoint's (tensor data; the checkpoint's header names its step).
+  const std::string best = tensor_data(d + "/run/best.safetensors");
+  EXPECT_FALSE(best.empty());
+  EXPECT_TRUE(best == tensor_data(d + "/run/checkpoints/step-000001/weights.safetensors"));
+  EXPECT_EQ(slurp(d + "/run/checkpoints/latest"), "step-000001\n");
+}
+
+TEST(TrainStopsOnNan, TheAdviceIsAFreshStartSinceResumeKeepsTheConfig) {
+  const std::string d = temp_dir("nan_advice");
+  const std::string data = corpus_file(d, 4000);
+  const std::string train = "max_steps: 6, batch_size: 4, seq_len: 32, clip_norm: 0, warmup_steps: 10, eval_every: 1, lr: ";
+  Result<TrainSummary> r = train_experiment(load(lm_yaml(data, train + "1e30"), d), options(d + "/run"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(has(r.status().message(), "set train.clip_norm and start again with --force")) << r.status().message();
+  // What the advice rules out: a lower rate cannot --resume the diverged run...
+  const Experiment lower = load(lm_yaml(data, train + "0.001"), d);
+  Result<TrainSummary> resumed = train_experiment(lower, options(d + "/run", true));
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_TRUE(has(resumed.status().message(), "the run was started with config")) << resumed.status().message();
+  // ...and with --force it trains.
+  TrainOptions force = options(d + "/run");
+  force.force = true;
+  EXPECT_EQ(train_ok(lower, force).steps, 6);
+}
