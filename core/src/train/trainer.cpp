@@ -414,7 +414,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
                                  "or --force to start over");
   if (opt.force && !opt.resume) {
     fs::remove_all(ckpt_dir, ec);
-    fs::remove(metrics_path, ec);
+    for (const char* leaf : {"metrics.jsonl", "best.safetensors", "summary.json"})
+      fs::remove(fs::path(sum.dir) / leaf, ec);  // nothing of the old run is left to be taken for the new
   }
   fs::create_directories(sum.dir, ec);
   if (ec) return Status::IoError("train: cannot create " + sum.dir + ": " + ec.message());
