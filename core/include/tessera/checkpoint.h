@@ -4,7 +4,7 @@
 //   Checkpoint c;
 //   c.step = 123;
 //   c.weights = master;                     // Parameters, under their parameter names
-//   c.optimizer = {{"adam.m.stem.embed", m0}, {"adam.step", steps}, ...};
+//   c.optimizer = optimizer.state();        // {"step", ...}, {"adamw.m.stem.embed", ...}, ...
 //   c.config_hash = config_hash;            // of the config the run was started with
 //   c.state_json = trainer_state;           // the trainer's JSON: generators, data position, ...
 //   Status s = write_checkpoint(run + "/checkpoints", c, /*keep=*/3);
