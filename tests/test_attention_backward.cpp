@@ -441,6 +441,12 @@ TEST(AttentionBackward, MemoryStaysLinearInT) {
   ASSERT_TRUE(ref::attention_train(q1, k, v, out1, lse1, scale, true).ok());
   ASSERT_TRUE(ref::attention_backward(q1, k, v, out1, lse1, dout1, dq1, dk1, dv1, scale, true).ok());
   EXPECT_LE(rel_err(dq.slice(2, T - 1, T), dq1), kTol);
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer keeps freed blocks resident (its quarantine) and adds redzones and shadow
+  // bytes, so the resident size says nothing about the kernel's own memory; the allocation count
+  // above still holds.
+  GTEST_SKIP() << "the resident size is AddressSanitizer's under ASan (growth " << growth << " bytes)";
+#endif
   // The same measure around one (T, S) f32 buffer, to show it would have seen one.
   peak_reset = peak_reset && reset_peak();
   const int64_t rss2 = status_bytes("VmRSS:");
