@@ -356,7 +356,7 @@ TEST(IdxDataset, RunOfTheExampleWritesAnEmbeddingPerImage) {
   EXPECT_EQ(lines[63]["id"], "t10k-images-idx3-ubyte.gz#63");
   EXPECT_EQ(lines[63]["label"], "Sandal");
   const json manifest = json::parse(slurp(out + "/manifest.json"));
-  EXPECT_EQ(manifest["plugins"][0]["version"], "1.1.0");
+  EXPECT_EQ(manifest["plugins"][0]["version"], "1.2.0");
   EXPECT_EQ(manifest["state"], "complete");
 }
 

@@ -11,8 +11,10 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "tessera/npy.h"
 #include "tessera/plugins.h"
@@ -184,7 +186,9 @@ TEST(ImagePlugin, DescribesItself) {
                                                           {"grey", "false"},
                                                           {"cls", "true"},
                                                           {"picture_size", "512"},
-                                                          {"max_pixels", "178956970"}}));
+                                                          {"max_pixels", "178956970"},
+                                                          {"augment_crop_padding", "0"},
+                                                          {"augment_flip", "false"}}));
   const Encoder e = make_encoder();
   EXPECT_EQ(e.info().rows_kind, TSR_ROWS_FEATURES);
   EXPECT_EQ(e.info().width, 3u * 16 * 16);
@@ -734,4 +738,69 @@ TEST(ImagePluginOptions, OneValueMeanAndStdApplyToEveryChannel) {
   const TokenRows three =
       encode_file(make_encoder({{"mean", "0.25,0.25,0.25"}, {"std", "2,2,2"}}), "chelsea_tiny.png");
   EXPECT_EQ(patch_values(one), patch_values(three));
+}
+
+// Training augmentation: a shift by (dy, dx) in [-pad, pad]² with black filling in (torchvision's
+// RandomCrop(size, padding=pad)), then a mirror on a fair coin. Every output is one of those
+// transforms of the encoded image, held against a plain loop over its pixels; the CLS row is kept;
+// the same seed gives the same rows; over many seeds every shift and both coin sides turn up.
+TEST(ImagePlugin, AugmentShiftsAndMirrorsThePatches) {
+  const std::map<std::string, std::string> size = {{"image_size", "32,48"}, {"patch_size", "8"}, {"grey", "true"},
+                                                   {"mean", "0.25"}, {"std", "0.5"}};
+  EXPECT_FALSE(make_encoder(size).augments());
+  const TokenRows plain = encode_file(make_encoder(size), "coins.pgm");
+  std::vector<float> out(static_cast<size_t>(plain.features.numel()));
+  EXPECT_EQ(make_encoder(size).augment(plain, 1, out.data()).code(), Code::unsupported);
+
+  std::map<std::string, std::string> opts = size;
+  opts["augment_crop_padding"] = "3";
+  opts["augment_flip"] = "true";
+  const Encoder e = make_encoder(opts);
+  ASSERT_TRUE(e.augments());
+  const TokenRows t = encode_file(e, "coins.pgm");
+  const int64_t p = 8, H = 32, W = 48, F = p * p;
+  ASSERT_EQ(t.size(), 1 + (H / p) * (W / p));
+  const float* in = t.features.data<float>();
+  auto pixel = [&](int64_t y, int64_t x) {  // the encoded image at (y, x); black outside
+    if (y < 0 || y >= H || x < 0 || x >= W) return (0.0f - 0.25f) / 0.5f;
+    return in[(1 + (y / p) * (W / p) + x / p) * F + (y % p) * p + x % p];
+  };
+  auto transformed = [&](int64_t dy, int64_t dx, bool flip) {
+    std::vector<float> v(static_cast<size_t>(t.features.numel()));
+    std::copy(in, in + F, v.begin());  // CLS
+    for (int64_t y = 0; y < H; ++y)
+      for (int64_t x = 0; x < W; ++x)
+        v[static_cast<size_t>((1 + (y / p) * (W / p) + x / p) * F + (y % p) * p + x % p)] =
+            pixel(y + dy, (flip ? W - 1 - x : x) + dx);
+    return v;
+  };
+  std::set<std::tuple<int64_t, int64_t, bool>> seen;
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    ASSERT_TRUE(e.augment(t, seed, out.data()).ok());
+    std::vector<float> again(out.size());
+    ASSERT_TRUE(e.augment(t, seed, again.data()).ok());
+    ASSERT_EQ(again, out) << "seed " << seed;
+    int matches = 0;
+    for (int64_t dy = -3; dy <= 3; ++dy)
+      for (int64_t dx = -3; dx <= 3; ++dx)
+        for (bool flip : {false, true})
+          if (transformed(dy, dx, flip) == out) {
+            ++matches;
+            seen.insert({dy, dx, flip});
+          }
+    ASSERT_GE(matches, 1) << "seed " << seed << ": not a shift-and-mirror of the image";
+  }
+  std::set<int64_t> dys, dxs;
+  int flips = 0;
+  for (const auto& [dy, dx, flip] : seen) dys.insert(dy), dxs.insert(dx), flips += flip;
+  EXPECT_EQ(dys.size(), 7u);
+  EXPECT_EQ(dxs.size(), 7u);
+  EXPECT_GT(flips, 0);
+  EXPECT_LT(flips, static_cast<int>(seen.size()));
+
+  const std::string where = "plugin image (" + image_plugin()->file() + "): option ";
+  EXPECT_EQ(create_error({{"image_size", "32,48"}, {"patch_size", "8"}, {"augment_crop_padding", "33"}}),
+            where + "augment_crop_padding: 33 is outside 0..32 (pixels of padding, at most the image's shorter side)");
+  EXPECT_EQ(create_error({{"augment_crop_padding", "-1"}}),
+            where + "augment_crop_padding: -1 is outside 0..224 (pixels of padding, at most the image's shorter side)");
 }

@@ -120,6 +120,13 @@ class ImagePlugin {
     const std::array<float, 3> mean = three_floats(o, "mean", false);
     const std::array<float, 3> std = three_floats(o, "std", true);
     grey_ = flag(o, "grey");
+    crop_padding_ = o.get_int("augment_crop_padding");
+    if (crop_padding_ < 0 || crop_padding_ > std::min(height_, width_))
+      fail(TSR_INVALID_ARGUMENT,
+           std::to_string(crop_padding_) + " is outside 0.." + std::to_string(std::min(height_, width_)) +
+               " (pixels of padding, at most the image's shorter side)",
+           "augment_crop_padding");
+    flip_ = flag(o, "augment_flip");
     for (const auto& [name, v] : {std::pair{"mean", mean}, std::pair{"std", std}})
       if (grey_ && (v[1] != v[0] || v[2] != v[0]))
         fail(TSR_INVALID_ARGUMENT,
@@ -154,7 +161,57 @@ class ImagePlugin {
     i.causal = 0;
     i.pad_id = -1;
     i.max_rows = (height_ / patch_) * (width_ / patch_) + (cls_ ? 1 : 0);
+    i.augments = (crop_padding_ > 0 || flip_) ? 1 : 0;
     return i;
+  }
+
+  // Training augmentation on a sequence encode() made: the image shifted by (dy, dx), each drawn
+  // from [-pad, pad], with black (pixel value 0, normalised) filling what comes in from outside,
+  // which is torchvision's RandomCrop(size, padding=pad); then, with augment_flip, mirrored left to
+  // right on a fair coin (RandomHorizontalFlip). Draws in that order: dy, dx, the coin. Rows that
+  // are not patches (CLS) are copied unchanged.
+  void augment(const tsr_rows& in, uint64_t seed, float* out) const {
+    const int64_t p = patch_, C = channels(), n = in.n_rows, width = in.width;
+    const int64_t gr = in.grid_rows, gc = in.grid_cols, H = gr * p, W = gc * p;
+    if (width != C * p * p || gr <= 0 || gc <= 0)
+      fail(TSR_INVALID_ARGUMENT, "augment: the rows are not this encoder's patches (width " + std::to_string(width) +
+                                     ", grid " + std::to_string(gr) + " x " + std::to_string(gc) + ")");
+    tessera::plugin::Draws draws(seed);
+    const int64_t dy = draws.between(-crop_padding_, crop_padding_);
+    const int64_t dx = draws.between(-crop_padding_, crop_padding_);
+    const bool flip = flip_ && draws.coin();
+    // The image as C planes of H x W, gathered from the patch rows ((C, p, p) each).
+    std::vector<float> plane(static_cast<size_t>(C * H * W), 0.0f);
+    auto cell = [&](int64_t row, int64_t* r, int64_t* c) {
+      *r = in.positions[2 * row];
+      *c = in.positions[2 * row + 1];
+      return in.roles[row] == TSR_ROLE_CONTENT && *r >= 0 && *r < gr && *c >= 0 && *c < gc;
+    };
+    for (int64_t row = 0; row < n; ++row) {
+      int64_t r, c;
+      const float* f = in.features + row * width;
+      if (!cell(row, &r, &c)) {
+        std::copy(f, f + width, out + row * width);
+        continue;
+      }
+      for (int64_t ch = 0; ch < C; ++ch)
+        for (int64_t y = 0; y < p; ++y)
+          std::copy(f + (ch * p + y) * p, f + (ch * p + y + 1) * p, &plane[static_cast<size_t>((ch * H + r * p + y) * W + c * p)]);
+    }
+    for (int64_t row = 0; row < n; ++row) {
+      int64_t r, c;
+      if (!cell(row, &r, &c)) continue;
+      float* o = out + row * width;
+      for (int64_t ch = 0; ch < C; ++ch)
+        for (int64_t y = 0; y < p; ++y)
+          for (int64_t x = 0; x < p; ++x) {
+            const int64_t oy = r * p + y, ox = c * p + x;
+            const int64_t sy = oy + dy, sx = (flip ? W - 1 - ox : ox) + dx;
+            o[(ch * p + y) * p + x] = (sy >= 0 && sy < H && sx >= 0 && sx < W)
+                                          ? plane[static_cast<size_t>((ch * H + sy) * W + sx)]
+                                          : value_[ch][0];
+          }
+    }
   }
 
   // Not const: the encoder keeps its scratch images between calls (one thread at a time uses it).
@@ -381,7 +438,8 @@ class ImagePlugin {
 
   int64_t height_ = 224, width_ = 224, patch_ = 16;
   Resize resize_ = Resize::pil_bilinear;
-  bool center_crop_ = false, cls_ = true, grey_ = false;
+  bool center_crop_ = false, cls_ = true, grey_ = false, flip_ = false;
+  int64_t crop_padding_ = 0;
   int64_t shortest_edge_ = 0, picture_size_ = 512, max_pixels_ = 0;
   double rescale_ = 1.0 / 255.0;
   float value_[3][256] = {};
@@ -415,13 +473,18 @@ const tsr_option_spec kOptions[] = {
      "long side of the picture kept for attention heatmaps (0: no picture)", nullptr},
     {sizeof(tsr_option_spec), "max_pixels", TSR_OPT_INT, "178956970",
      "refuse larger images (decompression bombs); PIL's limit", nullptr},
+    {sizeof(tsr_option_spec), "augment_crop_padding", TSR_OPT_INT, "0",
+     "training only: a random crop of the image padded by this many black pixels (a shift of up to that many)",
+     nullptr},
+    {sizeof(tsr_option_spec), "augment_flip", TSR_OPT_BOOL, "false",
+     "training only: mirror left to right on a seeded fair coin", nullptr},
 };
 
 const tsr_plugin_info kInfo = {
     sizeof(tsr_plugin_info),
     "image",
     "image",
-    "1.1.0",
+    "1.2.0",
     "ViT patches from PNG, JPEG, BMP, PNM, TIFF and WebP files (PIL-exact resizing)",
     kOptions,
     sizeof(kOptions) / sizeof(kOptions[0]),

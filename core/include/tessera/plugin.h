@@ -136,6 +136,9 @@ typedef struct tsr_encoder_info {
   int32_t causal;      /* 1: the modality reads left to right (text); 0: every row sees every row */
   int32_t pad_id;      /* TSR_ROWS_IDS: the id of padding, or -1 */
   int64_t max_rows;    /* most rows one sequence can have (0: unbounded) */
+  /* Added after ABI 1's first release (read only when size covers it; 0 otherwise): */
+  int32_t augments;    /* 1: augment() transforms rows under these options (training only) */
+  int32_t reserved;
 } tsr_encoder_info;
 
 /* ---- Items in, rows out -------------------------------------------------------------------- */
@@ -226,6 +229,15 @@ typedef struct tsr_plugin {
    * TSR_UNSUPPORTED for modalities without text. */
   int32_t (*decode)(void* encoder, const int32_t* ids, size_t n_ids, char* text, size_t capacity, size_t* length,
                     tsr_error* error);
+  /* Added after ABI 1's first release: the host reads it only when `size` covers it, and a NULL
+   * entry means the modality has no augmentation.
+   * Training only: a seeded random transform of one sequence this encoder produced (the image
+   * plugin's shifted crop with padding and its flips, for example). `rows` is that sequence as
+   * encode() gave it (roles, positions, grid and its features); the plugin writes the transformed
+   * n_rows x width feature values to `features` (never aliasing rows->features). The same (rows,
+   * seed) gives the same values on every machine and thread count. TSR_UNSUPPORTED when the
+   * encoder's options switch augmentation off (describe()'s `augments` is 0). */
+  int32_t (*augment)(void* encoder, const tsr_rows* rows, uint64_t seed, float* features, tsr_error* error);
 } tsr_plugin;
 
 typedef const tsr_plugin* (*tsr_plugin_entry_fn)(uint32_t host_abi_version);

@@ -10,6 +10,7 @@
 //     tsr_encoder_info describe() const;                          // ids, vocabulary 4^k, causal 0
 //     std::vector<tessera::plugin::Sequence> encode(const tessera::plugin::Item& item);
 //     std::string decode(const std::vector<int32_t>& ids) const;  // optional
+//     void augment(const tsr_rows& rows, uint64_t seed, float* out) const;  // optional, training
 //    private:
 //     int64_t k_;
 //   };
@@ -125,6 +126,26 @@ struct Item {
   uint64_t source_offset = 0;
   uint32_t source_line = 0;
   std::string_view text() const { return {reinterpret_cast<const char*>(data), size}; }
+};
+
+// Seeded draws for augment(): splitmix64, the same numbers on every machine.
+class Draws {
+ public:
+  explicit Draws(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // An integer in [lo, hi], each equally likely (hi - lo well below 2^32).
+  int64_t between(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>((next() >> 32) * static_cast<uint64_t>(hi - lo + 1) >> 32);
+  }
+  bool coin() { return (next() >> 63) != 0; }
+
+ private:
+  uint64_t state_;
 };
 
 inline tsr_provenance no_provenance() { return {TSR_PROV_NONE, 0, 0, 0, 0, 0}; }
@@ -301,11 +322,27 @@ struct Table {
   }
 };
 
+// augment() is optional: a plugin without `void augment(const tsr_rows&, uint64_t, float*) const`
+// leaves the entry NULL.
+template <class Impl>
+constexpr bool has_augment = requires(const Impl& i, const tsr_rows& r, float* f) { i.augment(r, uint64_t{}, f); };
+
+template <class Impl>
+struct Augment {
+  static int32_t call(void* encoder, const tsr_rows* rows, uint64_t seed, float* features, tsr_error* error) {
+    return guarded(error, [&] {
+      if constexpr (has_augment<Impl>) static_cast<const Impl*>(encoder)->augment(*rows, seed, features);
+    });
+  }
+};
+
 template <class Impl>
 const tsr_plugin* table(const tsr_plugin_info* info) {
+  constexpr bool augments = has_augment<Impl>;
   static const tsr_plugin t = {sizeof(tsr_plugin), TSR_PLUGIN_ABI_VERSION, info,
                                &Table<Impl>::create, &Table<Impl>::destroy, &Table<Impl>::describe,
-                               &Table<Impl>::encode, &Table<Impl>::release, &Table<Impl>::decode};
+                               &Table<Impl>::encode, &Table<Impl>::release, &Table<Impl>::decode,
+                               augments ? &Augment<Impl>::call : nullptr};
   return &t;
 }
 

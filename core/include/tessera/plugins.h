@@ -127,6 +127,11 @@ class Encoder {
   // plugin's rows are checked (kinds, widths, id range, finite values) before they are accepted.
   Result<std::vector<TokenRows>> encode(const PluginItem& item) const;
   Result<std::string> decode(const std::vector<int32_t>& ids) const;
+  // Training augmentation: whether the plugin transforms rows under these options, and one
+  // seeded transform of `rows` (feature rows this encoder produced) into `features`, rows.size()
+  // × width values. Deterministic in (rows, seed); non-finite output is refused.
+  bool augments() const;
+  Status augment(const TokenRows& rows, uint64_t seed, float* features) const;
 
   struct State;
 

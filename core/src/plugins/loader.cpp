@@ -20,13 +20,16 @@ static_assert(offsetof(tsr_option_spec, name) == 8 && offsetof(tsr_option_spec, 
 static_assert(offsetof(tsr_plugin_info, options) == 40 && offsetof(tsr_plugin_info, extensions) == 56 &&
               sizeof(tsr_plugin_info) == 64);
 static_assert(offsetof(tsr_encoder_info, vocab_size) == 16 && offsetof(tsr_encoder_info, max_rows) == 32 &&
-              sizeof(tsr_encoder_info) == 40);
+              offsetof(tsr_encoder_info, augments) == 40 && sizeof(tsr_encoder_info) == 48);
 static_assert(offsetof(tsr_item, data) == 24 && offsetof(tsr_item, source_line) == 48 && sizeof(tsr_item) == 56);
 static_assert(sizeof(tsr_provenance) == 40 && offsetof(tsr_provenance, x0) == 8);
 static_assert(offsetof(tsr_picture, pixels) == 16 && sizeof(tsr_picture) == 56);
 static_assert(offsetof(tsr_rows, ids) == 16 && offsetof(tsr_rows, provenance) == 48 &&
               offsetof(tsr_rows, picture) == 64 && offsetof(tsr_rows, label) == 120 && sizeof(tsr_rows) == 128);
-static_assert(offsetof(tsr_plugin, create) == 16 && offsetof(tsr_plugin, decode) == 56 && sizeof(tsr_plugin) == 64);
+static_assert(offsetof(tsr_plugin, create) == 16 && offsetof(tsr_plugin, decode) == 56 &&
+              offsetof(tsr_plugin, augment) == 64 && sizeof(tsr_plugin) == 72);
+// The first release of ABI 1 ended its table at `decode` and its encoder info at `max_rows`.
+constexpr size_t kFirstTableSize = offsetof(tsr_plugin, augment);
 
 namespace tessera {
 
@@ -91,9 +94,9 @@ Result<std::shared_ptr<const Plugin>> Plugin::load(const std::string& file) {
   if (t->abi_version != TSR_PLUGIN_ABI_VERSION)
     return Status::Unsupported(file + ": built for plugin ABI version " + std::to_string(t->abi_version) +
                                ", but this Tessera speaks ABI version " + std::to_string(TSR_PLUGIN_ABI_VERSION) + hint);
-  if (t->size < sizeof(tsr_plugin))
+  if (t->size < kFirstTableSize)
     return Status::Unsupported(file + ": its function table has " + std::to_string(t->size) + " bytes, fewer than the " +
-                               std::to_string(sizeof(tsr_plugin)) + " of ABI version " +
+                               std::to_string(kFirstTableSize) + " of ABI version " +
                                std::to_string(TSR_PLUGIN_ABI_VERSION) + hint);
   const tsr_plugin_info* info = t->info;
   if (!info || info->size < sizeof(tsr_plugin_info))
@@ -333,6 +336,43 @@ Result<std::vector<TokenRows>> Encoder::encode(const PluginItem& item) const {
   if (enc) t->release(state_->instance, enc);
   if (!problem.ok()) return problem;
   return out;
+}
+
+bool Encoder::augments() const {
+  const tsr_plugin* t = state_->plugin->table();
+  return t->size >= kFirstTableSize + sizeof t->augment && t->augment && state_->info.augments == 1;
+}
+
+Status Encoder::augment(const TokenRows& rows, uint64_t seed, float* features) const {
+  if (!augments())
+    return Status::Unsupported(plugin_label(*state_->plugin) + " has no augmentation under these options");
+  if (rows.kind != TSR_ROWS_FEATURES || rows.features.rank() != 2)
+    return Status::Invalid(plugin_label(*state_->plugin) + ": only feature rows are augmented");
+  std::vector<int32_t> positions(2 * rows.positions.size());
+  for (size_t i = 0; i < rows.positions.size(); ++i) {
+    positions[2 * i] = rows.positions[i][0];
+    positions[2 * i + 1] = rows.positions[i][1];
+  }
+  tsr_rows r{};
+  r.size = sizeof r;
+  r.kind = TSR_ROWS_FEATURES;
+  r.n_rows = static_cast<uint32_t>(rows.size());
+  r.width = static_cast<uint32_t>(rows.features.dim(1));
+  r.features = rows.features.data<float>();
+  r.positions = positions.data();
+  r.roles = rows.roles.data();
+  r.provenance = rows.provenance.empty() ? nullptr : rows.provenance.data();
+  r.grid_rows = static_cast<uint32_t>(rows.grid_rows);
+  r.grid_cols = static_cast<uint32_t>(rows.grid_cols);
+  r.label = rows.label.c_str();
+  tsr_error err = fresh_error();
+  const int32_t rc = state_->plugin->table()->augment(state_->instance, &r, seed, features, &err);
+  if (rc != TSR_OK) return Status(code_of(rc), plugin_label(*state_->plugin) + ": augment: " + err.message);
+  for (int64_t i = 0; i < rows.features.numel(); ++i)
+    if (!std::isfinite(features[i]))
+      return Status::Internal(plugin_label(*state_->plugin) + ": augment gave a non-finite value in row " +
+                              std::to_string(i / r.width) + " (a bug in the plugin)");
+  return Status::Ok();
 }
 
 Result<std::string> Encoder::decode(const std::vector<int32_t>& ids) const {

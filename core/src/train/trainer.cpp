@@ -39,6 +39,9 @@ struct Example {
   std::vector<int32_t> ids;    // token rows
   std::vector<float> rows;     // feature rows, n × F
   std::vector<uint8_t> roles;  // per row
+  // Kept only where the plugin augments (feature rows): what its augment() reads besides rows.
+  std::vector<std::array<int32_t, 2>> positions;
+  int grid_rows = 0, grid_cols = 0;
   int32_t label = -1;
   int64_t n() const { return static_cast<int64_t>(roles.size()); }
 };
@@ -160,6 +163,11 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
       ex.roles = r.roles;
       if (e.ids) ex.ids = r.ids;
       else ex.rows.assign(r.features.data<float>(), r.features.data<float>() + r.features.numel());
+      if (!e.ids && src.encoder.augments()) {
+        ex.positions = r.positions;
+        ex.grid_rows = r.grid_rows;
+        ex.grid_cols = r.grid_cols;
+      }
       e.items.push_back(std::move(ex));
     }
   }
@@ -170,8 +178,30 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
 // ---------------------------------------------------------------------------------------------
 // Batches
 
-// The examples idx of `data` as one padded batch (classify).
-Batch make_batch(const Encoded& data, const std::vector<const Example*>& ex, Tensor* labels) {
+uint64_t mix(uint64_t a, uint64_t b) { return fnv1a(&b, sizeof b, fnv1a(&a, sizeof a)); }
+
+// Training augmentation: the plugin's seeded transform of each example's feature rows, drawn from
+// (train.seed, step, the example's index), so a resumed run draws what the uninterrupted one drew.
+struct Augment {
+  const Encoder* encoder = nullptr;  // null: none
+  uint64_t seed = 0;                 // (train.seed, step)
+  std::vector<int64_t> index;        // each example's index in the training set
+};
+
+Status augment_rows(const Augment& aug, const Example& e, int64_t index, int64_t width, float* out) {
+  TokenRows r;
+  r.kind = TSR_ROWS_FEATURES;
+  r.features = Tensor::wrap(const_cast<float*>(e.rows.data()), {e.n(), width}, DType::f32, nullptr);
+  r.positions = e.positions;
+  r.roles = e.roles;
+  r.grid_rows = e.grid_rows;
+  r.grid_cols = e.grid_cols;
+  return aug.encoder->augment(r, mix(aug.seed, static_cast<uint64_t>(index)), out);
+}
+
+// The examples idx of `data` as one padded batch (classify), augmented when `aug` says so.
+Result<Batch> make_batch(const Encoded& data, const std::vector<const Example*>& ex, Tensor* labels,
+                         const Augment* aug = nullptr) {
   const int64_t B = static_cast<int64_t>(ex.size());
   int64_t T = 1;
   for (const Example* e : ex) T = std::max(T, e->n());
@@ -186,8 +216,10 @@ Batch make_batch(const Encoded& data, const std::vector<const Example*>& ex, Ten
     labels->data<int32_t>()[i] = e.label;
     std::copy(e.roles.begin(), e.roles.end(), b.roles.data<uint8_t>() + i * T);
     for (int64_t t = e.n(); t < T; ++t) b.roles.data<uint8_t>()[i * T + t] = TSR_ROLE_PAD;
+    float* rows = data.ids ? nullptr : b.rows.data<float>() + i * T * data.width;
     if (data.ids) std::copy(e.ids.begin(), e.ids.end(), b.ids.data<int32_t>() + i * T);
-    else std::copy(e.rows.begin(), e.rows.end(), b.rows.data<float>() + i * T * data.width);
+    else if (aug && aug->encoder) TSR_RETURN_IF_ERROR(augment_rows(*aug, e, aug->index[static_cast<size_t>(i)], data.width, rows));
+    else std::copy(e.rows.begin(), e.rows.end(), rows);
   }
   return b;
 }
@@ -216,7 +248,6 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
   return p;
 }
 
-uint64_t mix(uint64_t a, uint64_t b) { return fnv1a(&b, sizeof b, fnv1a(&a, sizeof a)); }
 
 // ---------------------------------------------------------------------------------------------
 // Evaluation: the inference path on the current weights.
@@ -245,7 +276,7 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
       std::vector<const Example*> ex;
       for (size_t i = i0; i < std::min(data.items.size(), i0 + static_cast<size_t>(batch)); ++i) ex.push_back(&data.items[i]);
       Tensor labels;
-      const Batch b = make_batch(data, ex, &labels);
+      TSR_ASSIGN_OR_RETURN(const Batch b, make_batch(data, ex, &labels));
       Outputs out;
       TSR_RETURN_IF_ERROR(m->forward(b, fo, &out));
       for (size_t i = 0; i < ex.size(); ++i) {
@@ -575,8 +606,16 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         b = make_windows(train.stream, mb, T, &tg.tokens);
       } else {
         std::vector<const Example*> ex;
+        Augment aug;
+        if (src.encoder.augments()) {
+          aug.encoder = &src.encoder;
+          aug.seed = mix(mix(tc.seed, 0xa06e47), static_cast<uint64_t>(step));
+          aug.index = mb;
+        }
         for (int64_t i : mb) ex.push_back(&train.items[static_cast<size_t>(i)]);
-        b = make_batch(train, ex, &tg.labels);
+        Result<Batch> made = make_batch(train, ex, &tg.labels, &aug);
+        if (!made.ok()) return made.status().with_prefix("train: step " + std::to_string(step + 1));
+        b = std::move(made).value();
       }
       Result<LossValue> r = compute_gradients(c, params, b, tg, &grads, go);
       if (!r.ok()) return r.status().with_prefix("train: step " + std::to_string(step + 1));
