@@ -387,7 +387,9 @@ TEST(GradFixtures, AHuggingFaceFolderTrainsANewHead) {
     double ss = 0;
     for (float v : g.to_vector()) ss += static_cast<double>(v) * v;
     EXPECT_TRUE(std::isfinite(ss)) << name;
-    if (name == "head.w" || name == "stem.embed" || name == "blocks.0.attn.w_v") EXPECT_GT(ss, 0.0) << name;
+    if (name == "head.w" || name == "stem.embed" || name == "blocks.0.attn.w_v") {
+      EXPECT_GT(ss, 0.0) << name;
+    }
   }
   // The same seed draws the same head; the folder's tensors are the folder's.
   std::optional<Experiment> again = load_experiment_from_string(yaml, "ft.yaml", ".", {}, &diags);

@@ -261,6 +261,28 @@ TEST(IdxDataset, ConfigKeys) {
             "exp.yaml:5:3: data.labels: a labels file belongs to an IDX dataset, but data.format is lines "
             "(manifests "
             "give each item's label in a label column)");
+
+  // The validation and test sets of an IDX dataset come with their own labels files.
+  const std::string data = "data:\n  path: t10k-images-idx3-ubyte.gz\n  labels: t10k-labels-idx1-ubyte.gz\n";
+  Diagnostics both;
+  e = load_experiment_from_string(model + data +
+                                      "train:\n  test_data: t10k-images-idx3-ubyte.gz\n"
+                                      "  test_labels: t10k-labels-idx1-ubyte.gz\n",
+                                  "exp.yaml", kSample, {}, &both);
+  ASSERT_TRUE(e) << both.str();
+  EXPECT_EQ(e->train.test_labels, kLabels);
+  Diagnostics no_labels;
+  EXPECT_FALSE(load_experiment_from_string(model + data + "train:\n  validation_data: t10k-images-idx3-ubyte.gz\n",
+                                           "exp.yaml", kSample, {}, &no_labels));
+  EXPECT_EQ(no_labels.str(),
+            "exp.yaml:6:3: train.validation_data: an IDX set without its labels (give train.validation_labels, the "
+            "idx1 file of its images' labels)");
+  Diagnostics no_set;
+  EXPECT_FALSE(load_experiment_from_string(model + data + "train:\n  test_labels: t10k-labels-idx1-ubyte.gz\n",
+                                           "exp.yaml", kSample, {}, &no_set));
+  EXPECT_EQ(no_set.str(),
+            "exp.yaml:6:3: train.test_labels: a labels file, but no train.test_data (give train.test_data, the idx3 "
+            "file of the images these label)");
 }
 
 // Item 0's rows from the image plugin, given the item's bytes as a run gives them: a CLS row, then

@@ -213,6 +213,18 @@ TEST(TrainLm, ByteLevelModelLearnsAndItsBestWeightsRun) {
   const double bits = nats / static_cast<double>(ids.size() - 1) / std::log(2.0);
   EXPECT_LT(bits, 6.0);
   std::printf("[ lm ] best.safetensors on an unseen sentence: %.3f bits/token\n", bits);
+
+  // tessera eval on the same held-out text with the best weights gives the best evaluation; on
+  // ASCII bytes a character is a token.
+  EvalOptions eo;
+  eo.weights = d + "/run/best.safetensors";
+  Result<EvalReport> rep = evaluate_experiment(e, eo);
+  ASSERT_TRUE(rep.ok()) << rep.status().message();
+  EXPECT_EQ(rep->result.counted, s.best.counted);
+  EXPECT_EQ(rep->result.bits_per_token, s.best.bits_per_token);
+  EXPECT_EQ(rep->result.characters, rep->result.counted);
+  EXPECT_DOUBLE_EQ(rep->result.bits_per_character, rep->result.bits_per_token);
+  EXPECT_TRUE(has(rep->set, "the last 10 % of the text of")) << rep->set;
 }
 
 TEST(TrainClassify, EasyClassesReachHighAccuracyWithSortedClassNames) {
@@ -232,6 +244,33 @@ TEST(TrainClassify, EasyClassesReachHighAccuracyWithSortedClassNames) {
   const json summary = json::parse(slurp(d + "/run/summary.json"));
   EXPECT_EQ(summary["classes"], json({"alpha", "beta", "gamma"}));
   EXPECT_EQ(summary["best"]["accuracy"].get<double>(), s.best.accuracy);
+
+  // tessera eval with the best weights holds out the same items and scores them the same.
+  EvalOptions eo;
+  eo.weights = d + "/run/best.safetensors";
+  Result<EvalReport> rep = evaluate_experiment(e, eo);
+  ASSERT_TRUE(rep.ok()) << rep.status().message();
+  EXPECT_EQ(rep->classes, s.classes);
+  EXPECT_EQ(rep->result.counted, 36);
+  EXPECT_EQ(rep->result.accuracy, s.best.accuracy);
+  EXPECT_EQ(rep->result.macro_f1, s.best.macro_f1);
+  EXPECT_EQ(rep->result.loss, s.best.loss);
+  EXPECT_EQ(rep->result.bits_per_character, -1);
+  // The whole file as --data: every item counted.
+  eo.data = data;
+  rep = evaluate_experiment(e, eo);
+  ASSERT_TRUE(rep.ok()) << rep.status().message();
+  EXPECT_EQ(rep->result.counted, 180);
+  eo.data.clear();
+  eo.test = true;
+  rep = evaluate_experiment(e, eo);
+  ASSERT_FALSE(rep.ok());
+  EXPECT_EQ(rep.status().message(), "eval: --test, but the experiment has no train.test_data");
+  eo.test = false;
+  eo.weights = d + "/run/missing.safetensors";
+  rep = evaluate_experiment(e, eo);
+  ASSERT_FALSE(rep.ok());
+  EXPECT_TRUE(has(rep.status().message(), "eval: --weights " + d + "/run/missing.safetensors: ")) << rep.status().message();
 }
 
 TEST(TrainClassify, ALabelOutsideTheNamedClassesIsABadItem) {
@@ -352,6 +391,46 @@ TEST(TrainResume, ClassifyWithAccumulationKilledThreeTimesIsBitIdentical) {
                                     "log_every: 2, validation: 0.2"),
                 d);
   });
+}
+
+// Fashion-MNIST images through the image plugin with its augmentation (shifted crops, mirrors):
+// the draws are a function of (seed, step, example), so a killed run resumes to the same bits.
+Experiment augmented_images(const std::string& d, bool augment) {
+  const std::string fm = std::string(TESSERA_TEST_DATA) + "/image/fashion-mnist/";
+  const std::string yaml =
+      "plugins:\n  - name: image\n    path: " + kPluginDir +
+      "\n    options: {image_size: 28, patch_size: 7, grey: true, mean: 0.286, std: 0.353, picture_size: 0" +
+      (augment ? ", augment_crop_padding: 3, augment_flip: true" : "") +
+      "}\n"
+      "model:\n  d_model: 16\n  n_heads: 2\n  n_layers: 1\n  d_ff: 32\n"
+      "  stem: {kind: features, n_features: 49, cls: true}\n  positions: {kind: learned, max_len: 17}\n"
+      "  head: {kind: classifier, n_classes: 10, pool: cls}\n"
+      "data:\n  path: " + fm + "t10k-images-idx3-ubyte.gz\n  labels: " + fm + "t10k-labels-idx1-ubyte.gz\n"
+      "train: {max_steps: 12, batch_size: 8, lr: 0.003, eval_every: 3, log_every: 1, validation: 0.25}\n";
+  return load(yaml, d);
+}
+
+TEST(TrainResume, AugmentedImagesKilledThreeTimesAreBitIdentical) {
+  kill_resume_compare("resume_augment", [](const std::string& d) { return augmented_images(d, true); });
+}
+
+TEST(TrainAugment, ChangesTheTrainingButNotTheHeldOutSet) {
+  const std::string d = temp_dir("augment");
+  const TrainSummary plain = train_ok(augmented_images(d, false), options(d + "/plain"));
+  const TrainSummary aug = train_ok(augmented_images(d, true), options(d + "/aug"));
+  EXPECT_EQ(plain.best.counted, 16);
+  EXPECT_EQ(aug.best.counted, 16);
+  EXPECT_NE(plain.last_loss, aug.last_loss);
+  EXPECT_NE(tensor_data(d + "/plain/checkpoints/step-000012/weights.safetensors"),
+            tensor_data(d + "/aug/checkpoints/step-000012/weights.safetensors"));
+  // The held-out images are not augmented: the augmented run's weights score them as a model
+  // without augmentation options does.
+  EvalOptions eo;
+  eo.weights = d + "/aug/checkpoints/step-000012/weights.safetensors";
+  Result<EvalReport> with = evaluate_experiment(augmented_images(d, true), eo);
+  Result<EvalReport> without = evaluate_experiment(augmented_images(d, false), eo);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_EQ(with->result.loss, without->result.loss);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -508,6 +587,28 @@ TEST(TrainCli, TrainsAndRefusesABadConfigWithExitCode2) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(has(bad.err, "train.accumulate")) << bad.err;
   EXPECT_FALSE(fs::exists(d + "/bad"));
+}
+
+TEST(TrainCli, EvalPrintsThePerClassTableAndTheConfusionMatrix) {
+  const std::string d = temp_dir("cli_eval");
+  write(d + "/exp.yaml", classify_yaml(classify_file(d, 20), "epochs: 3, batch_size: 8, lr: 0.01, validation: 0.2"));
+  ASSERT_EQ(run_cli("train " + d + "/exp.yaml --out " + d + "/run --quiet", d).code, 0);
+  const Ran ev = run_cli("eval " + d + "/exp.yaml --weights " + d + "/run/best.safetensors --out " + d + "/ev", d);
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  EXPECT_TRUE(has(ev.out, "the seeded 20 % of the items of " + d + "/items.jsonl (held out as training held it out): 12 items"))
+      << ev.out;
+  EXPECT_TRUE(has(ev.out, "class  precision  recall  F1      support\nalpha  ")) << ev.out;
+  EXPECT_TRUE(has(ev.out, "confusion matrix (rows: the true class, columns: the predicted one")) << ev.out;
+  const json j = json::parse(slurp(d + "/ev/eval.json"));
+  EXPECT_EQ(j["counted"], 12);
+  ASSERT_EQ(j["classes"].size(), 3u);
+  int64_t support = 0;
+  for (const json& c : j["classes"]) support += c["support"].get<int64_t>();
+  EXPECT_EQ(support, 12);
+  EXPECT_EQ(j["confusion"].size(), 3u);
+  const Ran missing = run_cli("eval " + d + "/exp.yaml --weights " + d + "/nothing.safetensors", d);
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_TRUE(has(missing.err, "tessera eval: eval: --weights " + d + "/nothing.safetensors")) << missing.err;
 }
 
 TEST(TrainStopsOnNan, AfterAGoodCheckpointItIsNamed) {

@@ -18,6 +18,7 @@ void add_drift_command(CLI::App& app, std::function<int()>* run);
 void add_export_command(CLI::App& app, std::function<int()>* run);
 void add_grad_command(CLI::App& app, std::function<int()>* run);
 void add_train_command(CLI::App& app, std::function<int()>* run);
+void add_eval_command(CLI::App& app, std::function<int()>* run);
 void add_run_command(CLI::App& app, std::function<int()>* run);
 void add_generate_command(CLI::App& app, std::function<int()>* run);
 void add_plugins_command(CLI::App& app, std::function<int()>* run);

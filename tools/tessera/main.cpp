@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
   add_export_command(app, &run);
   add_grad_command(app, &run);
   add_train_command(app, &run);
+  add_eval_command(app, &run);
   add_plugins_command(app, &run);
   add_tokenize_command(app, &run);
   add_schema_command(app, &run);

@@ -11,6 +11,7 @@ add_executable(tessera_cli
   ${CMAKE_CURRENT_LIST_DIR}/cmd_export.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_grad.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_train.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cmd_eval.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_run.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_search.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_drift.cpp

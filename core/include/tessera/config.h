@@ -296,6 +296,8 @@ struct TrainConfig {
   double validation = 0.1;       // share of the data held out (seeded), unless validation_data is given
   std::string validation_data;   // a dataset of its own for validation (same format rules as data.path)
   std::string test_data;         // evaluated once at the end, with the best checkpoint
+  std::string validation_labels; // IDX datasets: the labels files of validation_data and test_data
+  std::string test_labels;
   int64_t eval_every = 0;        // steps between evaluations; 0: at the end of each epoch
   TrainMetric metric = TrainMetric::auto_detect;  // resolved: accuracy (classify) or loss (lm)
   int64_t patience = 0;          // stop after this many evaluations without a better metric; 0: never

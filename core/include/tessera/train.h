@@ -86,6 +86,10 @@ struct EvalResult {
   double bits_per_token = -1;  // lm: loss / ln 2
   int64_t counted = 0;      // items (classify) or predicted tokens (lm)
   std::vector<std::vector<int64_t>> confusion;  // classify: [true][predicted]
+  // lm, from evaluate_experiment: the predicted tokens' text in UTF-8 characters, and the loss
+  // in bits per character (total bits / characters); -1 where not measured.
+  int64_t characters = 0;
+  double bits_per_character = -1;
 };
 
 struct TrainSummary {
@@ -103,5 +107,24 @@ struct TrainSummary {
 };
 
 Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions& options);
+
+// `tessera eval`: a trained model on a held-out set. The set is, in this order of preference,
+// `data` (with `labels` for an IDX set: evaluated whole), train.test_data when `test`, or the
+// validation set exactly as training held it out (train.validation_data, or the same seeded share
+// of the items, or the last share of an LM's stream).
+struct EvalOptions {
+  std::string weights;       // a weights file (best.safetensors, checkpoints/step-N/weights.safetensors)
+  std::string data, labels;  // another data set, and its IDX labels file
+  bool test = false;         // train.test_data
+};
+
+struct EvalReport {
+  EvalResult result;
+  std::vector<std::string> classes;  // classify: the class names in index order
+  std::string set;                   // what was evaluated, in words
+  int64_t failed = 0;                // items that could not be read (not counted)
+};
+
+Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions& options);
 
 }  // namespace tessera

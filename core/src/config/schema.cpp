@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -762,6 +764,21 @@ KeyRule train_data_key(const std::string& path, std::string TrainConfig::*field,
   return r;
 }
 
+// The labels file (idx1) of validation_data or test_data, for IDX datasets.
+KeyRule train_labels_key(const std::string& path, std::string TrainConfig::*field, const std::string& meaning) {
+  KeyRule r;
+  r.spec = {path, "path", "none", meaning};
+  r.nullable = true;
+  r.read = [field](const Node& n, const std::string& key, WalkContext& c) {
+    return read_path(n, key, c, true, &(c.exp->train.*field));
+  };
+  r.print = [field](const Experiment& e) {
+    const std::string& v = e.train.*field;
+    return v.empty() ? std::string("null") : quote(v);
+  };
+  return r;
+}
+
 KeyRule data_labels_key() {
   KeyRule r;
   r.spec = {
@@ -1294,6 +1311,10 @@ void append_train_keys(std::vector<KeyRule>& r) {
                              "a dataset of its own for validation; relative to the YAML file"));
   r.push_back(train_data_key("train.test_data", &TrainConfig::test_data,
                              "a test set, evaluated once at the end with the best checkpoint"));
+  r.push_back(train_labels_key("train.validation_labels", &TrainConfig::validation_labels,
+                               "idx: the labels file of validation_data's images (as data.labels is data.path's)"));
+  r.push_back(train_labels_key("train.test_labels", &TrainConfig::test_labels,
+                               "idx: the labels file of test_data's images (as data.labels is data.path's)"));
   r.push_back(int_key("train.eval_every", kNonNegative, "0", "steps between evaluations; 0: at the end of each epoch",
                       FIELD(train.eval_every)));
   r.push_back(enum_key("train.metric", kMetricNames, "auto",
@@ -1595,6 +1616,22 @@ void resolve_data(WalkContext& c) {
   if (!d.label_names.empty() && d.labels.empty() && !c.is_bad("data.labels"))
     c.error(c.where("data.label_names"), "data.label_names", "names for the labels, but no data.labels file",
             "give data.labels, the idx1 file of the images' labels");
+  // An IDX dataset's validation and test sets need their own labels files, and only they do.
+  const TrainConfig& t = c.exp->train;
+  for (const auto& [set, labels, set_key, labels_key] :
+       {std::tuple{&t.validation_data, &t.validation_labels, "train.validation_data", "train.validation_labels"},
+        std::tuple{&t.test_data, &t.test_labels, "train.test_data", "train.test_labels"}}) {
+    if (c.is_bad(set_key) || c.is_bad(labels_key) || c.is_bad("data.labels")) continue;
+    if (!labels->empty() && d.labels.empty())
+      c.error(c.where(labels_key), labels_key, "a labels file, but data.labels is not given",
+              "labels files belong to IDX datasets, whose images' labels data.labels names");
+    else if (!labels->empty() && set->empty())
+      c.error(c.where(labels_key), labels_key, std::string("a labels file, but no ") + set_key,
+              std::string("give ") + set_key + ", the idx3 file of the images these label");
+    else if (labels->empty() && !set->empty() && !d.labels.empty())
+      c.error(c.where(set_key), set_key, "an IDX set without its labels",
+              std::string("give ") + labels_key + ", the idx1 file of its images' labels");
+  }
 }
 
 void resolve_input(WalkContext& c) {

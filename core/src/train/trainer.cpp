@@ -396,6 +396,48 @@ Status trim_metrics(const std::string& path, int64_t last_step) {
   return write_file_atomic(path, kept);
 }
 
+// The training and held-out sets: validation_data when given, else the last share of an LM's
+// stream (as corpora are split) or a seeded share of the items.
+Status split_data(const Experiment& exp, const Source& src, const std::vector<std::string>& classes, bool lm,
+                  Encoded&& all, Encoded* train_out, Encoded* val_out) {
+  const TrainConfig& tc = exp.train;
+  Encoded& train = *train_out;
+  Encoded& val = *val_out;
+  val = Encoded{};
+  val.ids = all.ids;
+  val.width = all.width;
+  if (!tc.validation_data.empty()) {
+    DataConfig vd = exp.data;
+    vd.path = tc.validation_data;
+    vd.labels = tc.validation_labels;
+    vd.limit = 0;
+    TSR_ASSIGN_OR_RETURN(val, encode(exp, vd, src, classes, lm));
+    train = std::move(all);
+  } else if (lm) {
+    const size_t cut = static_cast<size_t>(static_cast<double>(all.stream.size()) * (1.0 - tc.validation));
+    val.stream.assign(all.stream.begin() + static_cast<std::ptrdiff_t>(cut), all.stream.end());
+    train = std::move(all);
+    train.stream.resize(cut);
+  } else {
+    const std::vector<int64_t> p = permutation(static_cast<int64_t>(all.items.size()), mix(tc.seed, 0x5ab1e));
+    const size_t n_val = static_cast<size_t>(static_cast<double>(p.size()) * tc.validation);
+    std::vector<char> is_val(p.size(), 0);
+    for (size_t i = 0; i < n_val; ++i) is_val[static_cast<size_t>(p[i])] = 1;
+    std::vector<Example> items = std::move(all.items);
+    train = std::move(all);
+    train.items.clear();
+    for (size_t i = 0; i < items.size(); ++i) (is_val[i] ? val.items : train.items).push_back(std::move(items[i]));
+  }
+  return Status::Ok();
+}
+
+// 0.1 -> "10 %"
+std::string fmt_share(double share) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g %%", 100 * share);
+  return buf;
+}
+
 class Progress {
  public:
   explicit Progress(bool on) : on_(on), tty_(on && isatty(2)) {}
@@ -467,26 +509,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   sum.classes = classes;
   TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, classes, lm));
   if (all.failed) progress.line("train: " + std::to_string(all.failed) + " item(s) could not be read: " + all.errors[0]);
-  Encoded train = all, val;
-  val.ids = all.ids;
-  val.width = all.width;
-  if (!tc.validation_data.empty()) {
-    DataConfig vd = exp.data;
-    vd.path = tc.validation_data;
-    vd.limit = 0;
-    TSR_ASSIGN_OR_RETURN(val, encode(exp, vd, src, classes, lm));
-  } else if (lm) {  // the last share of the stream, as corpora are split
-    const size_t cut = static_cast<size_t>(static_cast<double>(all.stream.size()) * (1.0 - tc.validation));
-    val.stream.assign(all.stream.begin() + static_cast<std::ptrdiff_t>(cut), all.stream.end());
-    train.stream.resize(cut);
-  } else {  // a seeded share of the items
-    const std::vector<int64_t> p = permutation(static_cast<int64_t>(all.items.size()), mix(tc.seed, 0x5ab1e));
-    const size_t n_val = static_cast<size_t>(static_cast<double>(p.size()) * tc.validation);
-    std::vector<char> is_val(p.size(), 0);
-    for (size_t i = 0; i < n_val; ++i) is_val[static_cast<size_t>(p[i])] = 1;
-    train.items.clear();
-    for (size_t i = 0; i < all.items.size(); ++i) (is_val[i] ? val.items : train.items).push_back(all.items[i]);
-  }
+  Encoded train, val;
+  TSR_RETURN_IF_ERROR(split_data(exp, src, classes, lm, std::move(all), &train, &val));
   const int64_t T = tc.seq_len;
   const int64_t n_train = lm ? (static_cast<int64_t>(train.stream.size()) - T - 1) : static_cast<int64_t>(train.items.size());
   if (n_train <= 0)
@@ -686,6 +710,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   if (!tc.test_data.empty()) {
     DataConfig td = exp.data;
     td.path = tc.test_data;
+    td.labels = tc.test_labels;
     td.limit = 0;
     TSR_ASSIGN_OR_RETURN(Encoded test, encode(exp, td, src, classes, lm));
     TSR_ASSIGN_OR_RETURN(Parameters best_params, load_weights((fs::path(sum.dir) / "best.safetensors").string(), c));
@@ -698,6 +723,83 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   if (sum.test.counted) s["test"] = eval_json(sum.test);
   TSR_RETURN_IF_ERROR(write_file_atomic((fs::path(sum.dir) / "summary.json").string(), s.dump(2) + "\n"));
   return sum;
+}
+
+}  // namespace tessera
+
+// ---------------------------------------------------------------------------------------------
+// `tessera eval`
+
+namespace tessera {
+
+Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions& o) {
+  const ModelConfig& c = exp.model;
+  const TrainConfig& tc = exp.train;
+  if (tc.objective == Objective::auto_detect)
+    return Status::Invalid("eval: the model has neither a classifier nor an LM head (model.head.kind is " +
+                           std::string(head_kind_name(c.head.kind)) + "): there is nothing to score");
+  const bool lm = tc.objective == Objective::lm;
+  if (!o.labels.empty() && o.data.empty()) return Status::Invalid("eval: --labels names the labels of --data; give --data too");
+  Parameters params;
+  if (o.weights.empty()) {
+    TSR_ASSIGN_OR_RETURN(params, Parameters::resolve(c));
+  } else {
+    Result<Parameters> p = load_weights(o.weights, c);
+    if (!p.ok()) return p.status().with_prefix("eval: --weights " + o.weights);
+    params = std::move(p).value();
+  }
+  TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
+  EvalReport rep;
+  if (!lm) {
+    if (exp.data.path.empty() && c.head.labels.empty())
+      return Status::Invalid("eval: the classes come from model.head.labels or the training data (data.path); give one");
+    if (c.head.labels.empty()) {
+      Result<std::vector<DataItem>> listed =
+          read_dataset(exp.data, {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}});
+      if (!listed.ok()) return listed.status().with_prefix("data.path");
+      rep.classes = class_names(c, *listed);
+    } else {
+      rep.classes = c.head.labels;
+    }
+  }
+  Encoded set;
+  if (!o.data.empty() || o.test) {
+    DataConfig d = exp.data;
+    d.path = o.data.empty() ? tc.test_data : o.data;
+    d.labels = o.data.empty() ? tc.test_labels : o.labels;
+    d.limit = 0;
+    if (d.path.empty()) return Status::Invalid("eval: --test, but the experiment has no train.test_data");
+    TSR_ASSIGN_OR_RETURN(set, encode(exp, d, src, rep.classes, lm));
+    rep.set = (o.data.empty() ? "the test set " : "") + d.path;
+  } else {
+    if (exp.data.path.empty()) return Status::Invalid("eval: the experiment has no data.path to hold out from; give --data");
+    TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, rep.classes, lm));
+    Encoded train;
+    TSR_RETURN_IF_ERROR(split_data(exp, src, rep.classes, lm, std::move(all), &train, &set));
+    rep.set = !tc.validation_data.empty() ? "the validation set " + tc.validation_data
+              : lm ? "the last " + fmt_share(tc.validation) + " of the text of " + exp.data.path + " (held out as training held it out)"
+                   : "the seeded " + fmt_share(tc.validation) + " of the items of " + exp.data.path +
+                         " (held out as training held it out)";
+  }
+  rep.failed = set.failed;
+  if (lm ? set.stream.size() < static_cast<size_t>(tc.seq_len) + 1 : set.items.empty())
+    return Status::Invalid("eval: " + rep.set + " has nothing to score" +
+                           (lm ? " (fewer than train.seq_len + 1 tokens)" : std::string(" (no items)")));
+  // In the batches training evaluates in, so that the figures agree to the bit.
+  TSR_ASSIGN_OR_RETURN(rep.result, evaluate(exp, params, set, tc.batch_size / tc.accumulate));
+  if (lm) {
+    // The scored tokens are the targets of whole windows: stream[1 .. n·T].
+    const int64_t T = tc.seq_len, n = (static_cast<int64_t>(set.stream.size()) - 1) / T;
+    const std::vector<int32_t> scored(set.stream.begin() + 1, set.stream.begin() + 1 + n * T);
+    Result<std::string> text = src.encoder.decode(scored);
+    if (text.ok()) {
+      for (unsigned char ch : *text) rep.result.characters += (ch & 0xC0) != 0x80;
+      if (rep.result.characters > 0)
+        rep.result.bits_per_character = rep.result.bits_per_token * static_cast<double>(rep.result.counted) /
+                                        static_cast<double>(rep.result.characters);
+    }
+  }
+  return rep;
 }
 
 }  // namespace tessera
