@@ -7,7 +7,7 @@
 # It does not download anything: it reads Debian's wordnet-base (WordNet 3.0),
 # /usr/share/wordnet/data.{noun,verb,adj,adv} (WORDNET_DIR to read another copy).
 #
-#   tools/data/wordnet_glosses.sh [OUT_DIR]      # OUT_DIR defaults to data/wordnet
+#   tools/data/wordnet_glosses.sh [OUT_DIR]      # OUT_DIR defaults to the repository's data/wordnet
 #
 # The split is deterministic: each synset gets a pseudo-random key from its part of speech and
 # offset (MINSTD rounds, exact in any awk's doubles); synsets sorted by that key, the first
@@ -18,9 +18,11 @@
 # same settings rewrites the same bytes (and skips the work when they are already there).
 set -euo pipefail
 
+OUT=${1:-}
+if [ -n "$OUT" ] && [ "${OUT#/}" = "$OUT" ]; then OUT=$PWD/$OUT; fi  # as given, from the caller's folder
 cd "$(dirname "$0")/../.."
+OUT=${OUT:-data/wordnet}  # the default is the repository's data/wordnet, wherever it is called from
 SRC=${WORDNET_DIR:-/usr/share/wordnet}
-OUT=${1:-data/wordnet}
 N_TEST=${WORDNET_TEST:-1000}
 N_TRAIN=${WORDNET_TRAIN:-5000}
 SEED=${WORDNET_SEED:-13}
