@@ -662,3 +662,112 @@ TEST(TrainStopsOnNan, TheAdviceIsAFreshStartSinceResumeKeepsTheConfig) {
   force.force = true;
   EXPECT_EQ(train_ok(lower, force).steps, 6);
 }
+
+// ---------------------------------------------------------------------------------------------
+// train.freeze: what is frozen keeps its values bit for bit and has no optimizer state; the
+// backward pass stops below the lowest trained part, with the same gradients above it.
+
+TEST(TrainFreeze, FrozenParametersAreBitIdenticalAndHaveNoOptimizerState) {
+  const std::string d = temp_dir("freeze");
+  const std::string data = classify_file(d, 30);
+  std::string yaml = classify_yaml(data, "epochs: 2, batch_size: 16, lr: 0.01, validation: 0.2, freeze: [stem, pos, blocks.0.attn]");
+  yaml.replace(yaml.find("n_layers: 1"), 11, "n_layers: 2");
+  const Experiment e = load(yaml, d);
+  Result<Parameters> start = Parameters::resolve(e.model);
+  ASSERT_TRUE(start.ok()) << start.status().message();
+  const TrainSummary s = train_ok(e, options(d + "/run"));
+  ASSERT_GT(s.steps, 0);
+  Result<Checkpoint> ck = read_checkpoint(d + "/run/checkpoints");
+  ASSERT_TRUE(ck.ok()) << ck.status().message();
+  int frozen = 0, trained = 0;
+  for (const auto& [name, t] : *start) {
+    const Tensor* now = ck->weights.find(name);
+    ASSERT_NE(now, nullptr) << name;
+    const bool same = now->to_vector() == t.to_vector();  // float ==: bit-identical for finite values
+    const bool is_frozen = name.rfind("stem.", 0) == 0 || name.rfind("pos.", 0) == 0 ||
+                           name.rfind("blocks.0.attn.", 0) == 0;
+    ASSERT_EQ(e.train.frozen(name), is_frozen) << name;
+    if (is_frozen) {
+      ++frozen;
+      EXPECT_TRUE(same) << name << " is frozen but changed";
+    } else if (name.find(".b") == std::string::npos && name.find("beta") == std::string::npos) {
+      ++trained;  // the matrices move (biases may start at zero and stay near it; still trained)
+      EXPECT_FALSE(same) << name << " is trained but did not change";
+    }
+  }
+  EXPECT_GE(frozen, 6);
+  EXPECT_GE(trained, 6);
+  for (const auto& [name, t] : ck->optimizer) {
+    EXPECT_EQ(name.find("stem."), std::string::npos) << name;
+    EXPECT_EQ(name.find("pos."), std::string::npos) << name;
+    EXPECT_EQ(name.find("blocks.0.attn."), std::string::npos) << name;
+  }
+  EXPECT_TRUE(std::any_of(ck->optimizer.begin(), ck->optimizer.end(),
+                          [](const auto& kv) { return kv.first == "adamw.m.blocks.0.ffn.w1"; }));
+  const std::vector<json> m = metrics(d + "/run");
+  ASSERT_FALSE(m.empty());
+  EXPECT_LT(m[0]["trained"].get<int64_t>(), m[0]["parameters"].get<int64_t>());
+
+  // Resumed from its checkpoint, a frozen run continues (the optimizer state holds the trained part only).
+  Experiment more = e;
+  more.train.epochs = 3;
+  TrainOptions o = options(d + "/run", true);
+  const TrainSummary s2 = train_ok(more, o);
+  EXPECT_GT(s2.steps, s.steps);
+}
+
+TEST(TrainFreeze, TheBackwardStopsBelowTheLowestTrainedBlockWithTheSameGradientsAbove) {
+  const std::string d = temp_dir("freeze_grad");
+  std::string yaml = classify_yaml(classify_file(d, 2), "");
+  yaml.replace(yaml.find("n_layers: 1"), 11, "n_layers: 3");
+  const Experiment e = load(yaml, d);
+  Result<Parameters> p = Parameters::resolve(e.model);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const Parameters params = p->clone();
+  Batch batch = Batch::from_ids({72, 101, 108, 108, 111});
+  Targets t;
+  t.labels = Tensor::from_ids({1}, {2});
+  Parameters full = params.zeros_like(), part = params.zeros_like();
+  ASSERT_TRUE(compute_gradients(e.model, params, batch, t, &full).ok());
+  GradOptions go;
+  go.backward_stem = false;
+  go.backward_first_block = 1;
+  Result<LossValue> r = compute_gradients(e.model, params, batch, t, &part, go);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  for (const auto& [name, g] : part) {
+    const bool below = name.rfind("blocks.0.", 0) == 0 || name.rfind("stem.", 0) == 0 || name.rfind("pos.", 0) == 0;
+    if (below) {
+      for (float v : g.to_vector()) ASSERT_EQ(v, 0.f) << name << " is below the stop but has a gradient";
+    } else {
+      EXPECT_EQ(g.to_vector(), full.find(name)->to_vector()) << name;
+    }
+  }
+}
+
+TEST(TrainFreeze, EntriesThatNameNoParameterAndFreezingEverythingAreConfigErrors) {
+  const std::string d = temp_dir("freeze_config");
+  Diagnostics diags;
+  const std::string yaml = classify_yaml(d + "/none.jsonl", "freeze: [stem, block, blocks.7]");
+  EXPECT_FALSE(try_load(yaml, d, &diags));
+  // The place of each bad entry: line and column in exp.yaml.
+  auto place = [&](const std::string& entry) {
+    const size_t at = yaml.find(entry, yaml.find("freeze:"));
+    const size_t line_start = yaml.rfind('\n', at) + 1;
+    const int line = 1 + static_cast<int>(std::count(yaml.begin(), yaml.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+    return "exp.yaml:" + std::to_string(line) + ":" + std::to_string(at - line_start + 1) + ": train.freeze: ";
+  };
+  EXPECT_TRUE(has(diags.str(), place("block,") + "entry 1: \"block\" names none of the model's parameters"))
+      << diags.str();
+  EXPECT_TRUE(has(diags.str(), place("blocks.7") + "entry 2: \"blocks.7\" names none")) << diags.str();
+  EXPECT_TRUE(has(diags.str(), "the model's parts: stem, pos, blocks, head")) << diags.str();
+  EXPECT_FALSE(has(diags.str(), "\"stem\" names none")) << diags.str();
+
+  Diagnostics all;
+  EXPECT_FALSE(try_load(classify_yaml(d + "/none.jsonl", "freeze: [stem, pos, blocks, head]"), d, &all));
+  EXPECT_TRUE(has(all.str(), "train.freeze: every parameter of the model is frozen: nothing is left to train"))
+      << all.str();
+  Diagnostics type;
+  EXPECT_FALSE(try_load(classify_yaml(d + "/none.jsonl", "freeze: head"), d, &type));
+  EXPECT_TRUE(has(type.str(), "exp.yaml:14:")) << type.str();
+  EXPECT_TRUE(has(type.str(), "train.freeze: expected a list of strings")) << type.str();
+}

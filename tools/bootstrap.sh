@@ -26,7 +26,8 @@ case "$mode" in
 esac
 # A recipe names what it needs in its header comments, one line each:
 #   # packages: dataset-fashion-mnist     (Debian packages: the data set, tools that make it)
-#   # prepare: tools/data/kjv.sh          (a script run once before training; it makes data/NAME/)
+#   # prepare: tools/data/kjv.sh          (a script run before training; it makes data/NAME/; several
+#                                          prepare lines run one after another, in order)
 recipe_field() { sed -n "s/^# $1: *//p" "configs/train/$recipe.yaml" | head -n 1; }
 
 # Everything comes from Debian 12's own archive. libpng draws attention heatmaps, cairo training's plots; zlib reads gzip'd
@@ -61,12 +62,13 @@ cmake --build "$build/release" -j "$jobs"
 tessera="$build/release/tessera"
 
 if [ "$mode" = train ]; then
-  prepare=$(recipe_field prepare)
-  if [ -n "$prepare" ]; then
+  mapfile -t prepares < <(sed -n 's/^# prepare: *//p' "configs/train/$recipe.yaml")
+  for prepare in "${prepares[@]}"; do
+    [ -n "$prepare" ] || continue
     echo "bootstrap: $prepare" >&2
     # shellcheck disable=SC2086  # the field is a command line
     $prepare
-  fi
+  done
   echo "bootstrap: $tessera train configs/train/$recipe.yaml ${*:3}" >&2
   exec "$tessera" train "configs/train/$recipe.yaml" "${@:3}"
 fi

@@ -288,6 +288,13 @@ struct TrainConfig {
   double momentum = 0.9;
   bool nesterov = false;
   std::vector<std::string> no_decay = {"norms", "biases", "embeddings"};
+  // Parameters that are not trained (a linear probe: [stem, pos, blocks]): name prefixes, each
+  // ending at a dot of the name. Frozen parameters keep their values bit for bit, have no optimizer
+  // state, and the backward pass stops below the lowest trained part.
+  std::vector<std::string> freeze;
+  // Whether `name` is frozen: an entry equals it or a prefix of it ending at a dot ("blocks" and
+  // "blocks.0" hold "blocks.0.attn.w_q"; "block" holds nothing).
+  bool frozen(const std::string& name) const;
   ScheduleKind schedule = ScheduleKind::cosine;
   int64_t warmup_steps = 0;
   double min_lr_ratio = 0.0;

@@ -43,6 +43,12 @@ struct Targets {
 
 struct GradOptions {
   bool reference = false;  // plain loops instead of oneDNN (forward and backward)
+  // Where the backward pass may stop when the parts below are not trained (train.freeze): it runs
+  // through the head and the final norm, blocks n_layers-1 down to backward_first_block, and the
+  // stem only when backward_stem. What it skips keeps its gradients in *grads as they were, and
+  // has no input-rows gradient (d_rows). The defaults run the whole backward.
+  int64_t backward_first_block = 0;
+  bool backward_stem = true;
 };
 
 struct LossValue {

@@ -1292,6 +1292,10 @@ void append_train_keys(std::vector<KeyRule>& r) {
   r.push_back(string_list_key("train.no_decay",
                               "parameter groups without weight decay: norms, biases, embeddings (default all three)",
                               FIELD(train.no_decay)));
+  r.push_back(string_list_key("train.freeze",
+                              "parameters not trained, by name prefix ending at a dot (stem, pos, blocks, blocks.0, "
+                              "head.w): no update, no optimizer state; [stem, pos, blocks] is a linear probe",
+                              FIELD(train.freeze)));
   r.push_back(enum_key("train.schedule", kScheduleNames, "cosine",
                        "the learning rate after warmup: cosine or linear decay to min_lr_ratio, or constant",
                        FIELD(train.schedule)));
@@ -1702,6 +1706,54 @@ const std::vector<KeyRule>& key_rules() {
   return rules;
 }
 
+namespace {
+
+// train.freeze: every entry names at least one of the model's parameters, and something is left
+// to train. Checked only on a model without problems of its own (its parameters are known then).
+void resolve_freeze(WalkContext& c) {
+  const TrainConfig& t = c.exp->train;
+  if (t.freeze.empty() || c.is_bad("train.freeze")) return;
+  for (const std::string& k : c.bad)
+    if (k == "model" || k.rfind("model.", 0) == 0) return;
+  const std::vector<ParamSpec> specs = parameter_specs(c.exp->model);
+  auto it = c.values.find("train.freeze");
+  auto at = [&](size_t i) {
+    if (it != c.values.end() && it->second && i < it->second->items.size()) return it->second->items[i]->pos.location();
+    return c.where("train.freeze");
+  };
+  std::string parts;  // the model's top-level names, for the hint
+  for (const ParamSpec& s : specs) {
+    const std::string top = s.name.substr(0, s.name.find('.'));
+    if ((", " + parts + ",").find(", " + top + ",") == std::string::npos) parts += (parts.empty() ? "" : ", ") + top;
+  }
+  for (size_t i = 0; i < t.freeze.size(); ++i) {
+    const std::string& e = t.freeze[i];
+    TrainConfig one;
+    one.freeze = {e};
+    const bool any = std::any_of(specs.begin(), specs.end(), [&](const ParamSpec& s) { return one.frozen(s.name); });
+    if (!any)
+      c.error(at(i), "train.freeze",
+              "entry " + std::to_string(i) + ": \"" + e + "\" names none of the model's parameters",
+              "an entry is a parameter name or a prefix of one ending at a dot (the model's parts: " + parts +
+                  "; `tessera check` lists every name)");
+  }
+  if (std::all_of(specs.begin(), specs.end(), [&](const ParamSpec& s) { return t.frozen(s.name); }))
+    c.error(c.where("train.freeze"), "train.freeze", "every parameter of the model is frozen: nothing is left to train",
+            "leave the head (or some other part) out of train.freeze");
+}
+
+}  // namespace
+}  // namespace config
+
+bool TrainConfig::frozen(const std::string& name) const {
+  for (const std::string& e : freeze)
+    if (!e.empty() && name.compare(0, e.size(), e) == 0 && (name.size() == e.size() || name[e.size()] == '.'))
+      return true;
+  return false;
+}
+
+namespace config {
+
 void resolve(WalkContext& c) {
   if (!c.exp->locations.count("model")) {
     c.error(c.root, "model", "required key is missing", "an experiment needs a `model:` mapping");
@@ -1736,6 +1788,7 @@ void resolve(WalkContext& c) {
     if (g != "norms" && g != "biases" && g != "embeddings")
       c.error(c.where("train.no_decay"), "train.no_decay", "unknown parameter group \"" + g + "\"",
               "the groups are norms, biases and embeddings");
+  resolve_freeze(c);
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {

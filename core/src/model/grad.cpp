@@ -2,6 +2,7 @@
 // layer's backward needs, the loss, and the backward pass through the same parts in reverse order
 // (head, final norm, blocks from last to first, stem). The layers' own forwards and backwards sit
 // side by side in stem.cpp, block.cpp, attention.cpp and head.cpp.
+#include <algorithm>
 #include <cstring>
 
 #include "assembly.h"
@@ -127,7 +128,8 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
                                                G.find("final_norm.gamma"), G.find("final_norm.beta")));
     dx = d;
   }
-  for (int64_t l = c.n_layers - 1; l >= 0; --l) {
+  const int64_t first_block = opt.backward_stem ? 0 : std::clamp<int64_t>(opt.backward_first_block, 0, c.n_layers);
+  for (int64_t l = c.n_layers - 1; l >= first_block; --l) {
     Tensor d;
     TSR_RETURN_IF_ERROR(model::block_backward(c, meta, bp[static_cast<size_t>(l)], ex, saved[static_cast<size_t>(l)],
                                               lay, dx, d, G, "blocks." + std::to_string(l)));
@@ -135,6 +137,7 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
     saved[static_cast<size_t>(l)] = model::BlockSaved();  // its activations are no longer needed
   }
   Tensor d_rows;
+  if (!opt.backward_stem) return result;  // nothing below is trained
   const bool want_rows = c.stem.kind != StemKind::tokens;
   TSR_RETURN_IF_ERROR(model::stem_backward(c, sw, ex, stem, lay, dx, G, want_rows ? &d_rows : nullptr,
                                            B * batch.seq_len()));

@@ -439,6 +439,27 @@ std::string fmt_share(double share) {
   return buf;
 }
 
+// The parameters train.freeze leaves to train: handles on the same storage, in parameter order.
+Parameters trained_part(const TrainConfig& t, const Parameters& all) {
+  std::vector<Parameters::Entry> kept;
+  for (const auto& [name, tensor] : all)
+    if (!t.frozen(name)) kept.emplace_back(name, tensor);
+  return Parameters(std::move(kept));
+}
+
+// Where the backward pass may stop: above the lowest block with a trained parameter, and before
+// the stem unless the stem (or anything outside blocks, final norm and head) is trained.
+void backward_extent(const ModelConfig& c, const Parameters& trained, GradOptions* go) {
+  int64_t lowest = c.n_layers;
+  bool stem = false;
+  for (const auto& [name, tensor] : trained) {
+    if (name.rfind("blocks.", 0) == 0) lowest = std::min<int64_t>(lowest, std::stoll(name.substr(7)));
+    else if (name.rfind("head.", 0) != 0 && name.rfind("final_norm.", 0) != 0) stem = true;
+  }
+  go->backward_stem = stem;
+  go->backward_first_block = stem ? 0 : lowest;
+}
+
 class Progress {
  public:
   explicit Progress(bool on) : on_(on), tty_(on && isatty(2)) {}
@@ -528,7 +549,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   // Model and optimizer, fresh or from the latest checkpoint.
   TSR_ASSIGN_OR_RETURN(Parameters resolved, Parameters::resolve(c));
   Parameters params = resolved.clone();
-  TSR_ASSIGN_OR_RETURN(Optimizer optim, Optimizer::create(optimizer_options(tc), params));
+  // The optimizer sees only what is trained (train.freeze): frozen parameters get no update and no state.
+  TSR_ASSIGN_OR_RETURN(Optimizer optim, Optimizer::create(optimizer_options(tc), trained_part(tc, params)));
   const std::string hash = config_hash(exp);
   int64_t step = 0, best_step = 0, since_best = 0;
   // The training loss summed since the last metrics line: checkpointed, so that a resumed run's
@@ -581,8 +603,12 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     ck.state_json = st.dump();
     return write_checkpoint(ckpt_dir, ck, static_cast<int>(tc.keep));
   };
+  Parameters trained = trained_part(tc, params);  // after a resume: the checkpoint's tensors
   if (!opt.resume) log({{"step", 0}, {"event", "start"}, {"config_hash", hash}, {"examples", per_epoch},
-                        {"steps", total}, {"parameters", params.numel()}});
+                        {"steps", total}, {"parameters", params.numel()}, {"trained", trained.numel()}});
+  if (!tc.freeze.empty())
+    progress.line("train: " + std::to_string(trained.numel()) + " of " + std::to_string(params.numel()) +
+                  " parameters trained (train.freeze holds the rest)");
 
   // A diverged run stops, naming the newest checkpoint (written only after a finite evaluation).
   auto diverged = [&](int64_t at, const std::string& what) {
@@ -602,8 +628,10 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
 
   // The loop.
   Parameters grads = params.zeros_like();
+  Parameters trained_grads = trained_part(tc, grads);  // the same storage
   GradOptions go;
   go.reference = exp.runtime.reference;
+  backward_extent(c, trained, &go);
   const int64_t micro = tc.batch_size / tc.accumulate;
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
@@ -654,15 +682,15 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       step_loss += r->loss;
       ++parts;
     }
-    if (parts > 1) scale(grads, 1.0 / static_cast<double>(parts));
+    if (parts > 1) scale(trained_grads, 1.0 / static_cast<double>(parts));
     step_loss /= static_cast<double>(parts);
     std::string bad;
-    if (!std::isfinite(step_loss) || !all_finite(grads, &bad))
+    if (!std::isfinite(step_loss) || !all_finite(trained_grads, &bad))
       return diverged(step + 1, (std::isfinite(step_loss) ? "gradient of " + bad : std::string("loss")) +
                                     " is not finite (NaN or Inf)" + (bad.empty() ? "" : "; it first appears in " + bad));
-    const double norm = clip_grad_norm(grads, tc.clip_norm);
+    const double norm = clip_grad_norm(trained_grads, tc.clip_norm);
     const double lr = scheduled_lr(schedule_options(tc), tc.lr, step, total);
-    TSR_RETURN_IF_ERROR(optim.step(params, grads, lr));
+    TSR_RETURN_IF_ERROR(optim.step(trained, trained_grads, lr));
     grads.zero();
     ++step;
     loss_sum += step_loss;
