@@ -23,6 +23,7 @@
 #include "tessera/random.h"
 #include "tessera/run.h"
 #include "tessera/safetensors.h"
+#include "tessera/tensor_reuse.h"
 #include "tessera/train.h"
 
 namespace tessera {
@@ -537,7 +538,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
                            "(--resume continues only under the config the run was started with)");
   };
 
-  // The loop.
+  // The loop. Its steps allocate the same activations and gradients each time: keep their blocks.
+  const TensorReuse reuse;
   Parameters grads = params.zeros_like();
   GradOptions go;
   go.reference = exp.runtime.reference;
