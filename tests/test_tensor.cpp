@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "tessera/tensor.h"
+#include "tessera/tensor_reuse.h"
 
 using namespace tessera;
 
@@ -126,4 +127,27 @@ TEST(Tensor, UnflattenMakesHeadViews) {
   Tensor vblock = qv.slice(1, 2, 4).unflatten(1, 2, 1);
   EXPECT_EQ(vblock.shape(), Shape({2, 2, 1}));
   EXPECT_EQ(vblock.at({1, 1, 0}), 7.f);
+}
+
+TEST(TensorReuse, KeepsFreedBlocksWhileAliveOnly) {
+  const Shape big{512, 1024};  // 2 MiB: above the size kept
+  const void* first = nullptr;
+  {
+    const TensorReuse reuse;
+    {
+      Tensor a = Tensor::empty(big);
+      first = a.raw_data();
+    }
+    Tensor b = Tensor::empty(big);  // the block a freed
+    EXPECT_EQ(b.raw_data(), first);
+    Tensor c = Tensor::empty({512, 1000});  // same size class: the block b holds is still taken
+    EXPECT_NE(c.raw_data(), b.raw_data());
+    b = Tensor();
+    Tensor d = Tensor::empty({512, 1000});
+    EXPECT_EQ(d.raw_data(), first);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(d.raw_data()) % Tensor::kAlignment, 0u);
+  }
+  // Outside any TensorReuse a freed block goes back to the system: nothing is kept to hand out.
+  Tensor e = Tensor::zeros(big);
+  EXPECT_EQ(e.data<float>()[big.numel() - 1], 0.f);
 }

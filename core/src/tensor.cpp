@@ -3,10 +3,14 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <numeric>
 #include <sstream>
+#include <unordered_map>
+#include <vector>
 
 #include "tessera/status.h"
+#include "tessera/tensor_reuse.h"
 
 namespace tessera {
 
@@ -133,14 +137,68 @@ namespace {
 
 std::atomic<int64_t> g_allocations{0};
 
+// The blocks TensorReuse keeps: free lists by size class. Blocks under kReuseMin come from
+// malloc's own free lists cheaply and are not kept; larger ones are rounded up to one of eight
+// classes per power of two (at most 12.5 % over), so that batches whose row counts vary a little
+// still find a block. At most kReuseCap bytes are kept idle; a block beyond that is freed.
+constexpr size_t kReuseMin = size_t{64} << 10;
+constexpr size_t kReuseCap = size_t{4} << 30;
+
+struct ReuseCache {
+  std::mutex mu;
+  int scopes = 0;
+  size_t idle = 0;
+  std::unordered_map<size_t, std::vector<void*>> free;
+};
+
+ReuseCache& reuse_cache() {
+  static ReuseCache* cache = new ReuseCache;  // never destroyed: blocks may be freed at exit
+  return *cache;
+}
+
+size_t reuse_class(size_t n) {
+  if (n < kReuseMin) return n;
+  size_t top = size_t{1} << (63 - __builtin_clzll(n));  // the power of two at or below n
+  const size_t step = top / 8;
+  return (n + step - 1) / step * step;
+}
+
 std::shared_ptr<void> allocate(size_t nbytes) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   // Round up so that aligned_alloc's size is a multiple of the alignment; never zero bytes.
   size_t n = (nbytes + Tensor::kAlignment - 1) / Tensor::kAlignment * Tensor::kAlignment;
   if (n == 0) n = Tensor::kAlignment;
-  void* p = std::aligned_alloc(Tensor::kAlignment, n);
+  if (n < kReuseMin) {
+    void* p = std::aligned_alloc(Tensor::kAlignment, n);
+    TSR_CHECK(p != nullptr, "out of memory allocating a tensor");
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  }
+  n = reuse_class(n);
+  void* p = nullptr;
+  ReuseCache& cache = reuse_cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.free.find(n);
+    if (it != cache.free.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      cache.idle -= n;
+    }
+  }
+  if (!p) p = std::aligned_alloc(Tensor::kAlignment, n);
   TSR_CHECK(p != nullptr, "out of memory allocating a tensor");
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  return std::shared_ptr<void>(p, [n](void* q) {
+    ReuseCache& c = reuse_cache();
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (c.scopes > 0 && c.idle + n <= kReuseCap) {
+        c.free[n].push_back(q);
+        c.idle += n;
+        return;
+      }
+    }
+    std::free(q);
+  });
 }
 
 template <class T> constexpr DType dtype_of();
@@ -195,6 +253,25 @@ void convert_element(const void* src, DType st, void* dst, DType dt) {
 }  // namespace
 
 int64_t Tensor::allocations() { return g_allocations.load(std::memory_order_relaxed); }
+
+TensorReuse::TensorReuse() {
+  ReuseCache& c = reuse_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  ++c.scopes;
+}
+
+TensorReuse::~TensorReuse() {
+  ReuseCache& c = reuse_cache();
+  std::unordered_map<size_t, std::vector<void*>> blocks;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (--c.scopes > 0) return;
+    blocks.swap(c.free);
+    c.idle = 0;
+  }
+  for (auto& [size, list] : blocks)
+    for (void* p : list) std::free(p);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   for (int64_t d : shape) TSR_CHECK(d >= 0, "negative dimension");

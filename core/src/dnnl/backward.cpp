@@ -18,13 +18,14 @@ using dnnl::memory;
 
 namespace {
 
-// db (N) += Σ_m dy (M, N): in double, a block of columns per thread, each column summed in row
-// order (the same bits on any number of threads).
+// db (N) += Σ_m dy (M, N): in double, blocks of columns shared among the threads, each column
+// summed in row order (the same bits on any number of threads). A block is one cache line of
+// floats, so that a width of a few hundred columns still splits evenly over the threads.
 void add_column_sums(const Tensor& dy, Tensor& db) {
   const int64_t M = dy.dim(0), N = dy.dim(1), rs = dy.stride(0), cs = dy.stride(1), ds = db.stride(0);
   const float* g = dy.data<float>();
   float* out = db.data<float>();
-  constexpr int64_t kBlock = 64;
+  constexpr int64_t kBlock = 16;
 #pragma omp parallel for schedule(static) if (M * N >= (1 << 16))
   for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
     const int64_t n1 = std::min(N, n0 + kBlock);

@@ -172,12 +172,13 @@ Status block_backward(const ModelConfig& c, const AttentionLayer& L, const Block
   };
   if (c.norm == NormPlacement::pre) {
     // dR = dY + LN2ᵀ(FFNᵀ(dY));  dX = dR + LN1ᵀ(Attnᵀ(dR))
-    Tensor dr = dy.clone();
+    Tensor dr = dy;
     if (c.d_ff > 0) {
       Tensor dh2 = Tensor::empty({B, T, C}), dn = Tensor::empty({B, T, C});
       TSR_RETURN_IF_ERROR(ffn_backward(c, w, ex, s, dy, dh2, grads, p));
       TSR_RETURN_IF_ERROR(norm_back(s.ln2_in, s.ln2_mean, s.ln2_rstd, w.ln2_g, dh2, dn, "ln2"));
-      TSR_RETURN_IF_ERROR(ex.add(dr, dn, dr));
+      dr = Tensor::empty({B, T, C});
+      TSR_RETURN_IF_ERROR(ex.add(dy, dn, dr));
     }
     Tensor dh1 = Tensor::empty({B, T, C}), dn = Tensor::empty({B, T, C});
     TSR_RETURN_IF_ERROR(attention_backward(L, w.attn, ex, s.attn, lay, dr, dh1, grads, p + ".attn"));

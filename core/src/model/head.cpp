@@ -170,21 +170,27 @@ namespace model {
 
 namespace {
 
-// Cross-entropy of logits (N, K) against targets (N), averaged over the counted rows; dlogits
-// gets the average's gradient.
+// Cross-entropy of logits (N, K) against targets (N), averaged over the counted rows (target not
+// -1); dlogits gets the average's gradient. One pass: the rows counted are known from the targets.
 Status mean_cross_entropy(const Exec& ex, const Tensor& logits, const Tensor& targets, float smoothing, Tensor& dlogits,
                           HeadLoss* loss) {
-  double sum = 0;
-  int64_t counted = 0;
-  TSR_RETURN_IF_ERROR(ex.cross_entropy(logits, targets, smoothing, &sum, &counted, nullptr, 1.f));
-  loss->counted = counted;
-  loss->loss = counted > 0 ? sum / static_cast<double>(counted) : 0.0;
-  if (counted == 0) {
+  const Tensor tc = targets.contiguous();
+  int64_t expected = 0;
+  for (int64_t i = 0; i < tc.numel(); ++i) expected += tc.data<int32_t>()[i] != -1;
+  if (expected == 0) {
     std::fill(dlogits.data<float>(), dlogits.data<float>() + dlogits.numel(), 0.f);
+    loss->counted = 0;
+    loss->loss = 0.0;
     return Status::Ok();
   }
-  return ex.cross_entropy(logits, targets, smoothing, &sum, &counted, &dlogits,
-                          static_cast<float>(1.0 / static_cast<double>(counted)));
+  double sum = 0;
+  int64_t counted = 0;
+  TSR_RETURN_IF_ERROR(ex.cross_entropy(logits, targets, smoothing, &sum, &counted, &dlogits,
+                                       static_cast<float>(1.0 / static_cast<double>(expected))));
+  TSR_CHECK(counted == expected, "mean_cross_entropy: counted rows disagree with the targets");
+  loss->counted = counted;
+  loss->loss = sum / static_cast<double>(counted);
+  return Status::Ok();
 }
 
 // rows (N, C) -> logits (N, V) through the LM head (with BERT/ESM's transform: dense, activation,

@@ -1,6 +1,7 @@
 // The stem: a batch's token ids and/or feature rows become the first rows x (B, T, C) of the
 // residual stream — token embeddings (scaled, plus token types), projected feature rows, the learned
 // CLS and distillation rows, modality embeddings, absolute positions, and stem.norm.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -107,16 +108,23 @@ void add_rows(float* x, const Tensor& table, const std::vector<int32_t>& index, 
   }
 }
 
-// The backward of add_rows: dtable[index[r]] += s · dx[r] (serial: rows share table rows).
+// The backward of add_rows: dtable[index[r]] += s · dx[r]. Rows share table rows, so the threads
+// split the columns: each entry still sums its rows in row order, on any number of threads.
 void add_rows_backward(const float* dx, const std::vector<int32_t>& index, const float* s, int64_t C, Tensor& dtable) {
   float* g = dtable.data<float>();
-  for (size_t r = 0; r < index.size(); ++r) {
-    const int32_t id = index[r];
-    if (id < 0) continue;
-    const float f = s ? s[r] : 1.f;
-    const float* d = dx + static_cast<int64_t>(r) * C;
-    float* e = g + static_cast<int64_t>(id) * C;
-    for (int64_t k = 0; k < C; ++k) e[k] += f * d[k];
+  const int64_t n = static_cast<int64_t>(index.size());
+  constexpr int64_t kBlock = 16;
+#pragma omp parallel for schedule(static) if (n * C > 65536)
+  for (int64_t k0 = 0; k0 < C; k0 += kBlock) {
+    const int64_t k1 = std::min(C, k0 + kBlock);
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t id = index[static_cast<size_t>(r)];
+      if (id < 0) continue;
+      const float f = s ? s[r] : 1.f;
+      const float* d = dx + r * C;
+      float* e = g + static_cast<int64_t>(id) * C;
+      for (int64_t k = k0; k < k1; ++k) e[k] += f * d[k];
+    }
   }
 }
 

@@ -23,6 +23,7 @@
 #include "tessera/random.h"
 #include "tessera/run.h"
 #include "tessera/safetensors.h"
+#include "tessera/tensor_reuse.h"
 #include "tessera/train.h"
 #include "train/report.h"
 
@@ -626,7 +627,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     if (!st.ok()) progress.line("train: no plots: " + st.message());
   };
 
-  // The loop.
+  // The loop. Its steps allocate the same activations and gradients each time: keep their blocks.
+  const TensorReuse reuse;
   Parameters grads = params.zeros_like();
   Parameters trained_grads = trained_part(tc, grads);  // the same storage
   GradOptions go;

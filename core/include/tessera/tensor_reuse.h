@@ -1,0 +1,25 @@
+// Keeping freed tensor storage for the next allocation of the same size: for loops whose every
+// step allocates the same tensors (training steps), which otherwise pay for fresh pages (page
+// faults and zeroing by the kernel) each step.
+//
+//   {
+//     const tessera::TensorReuse reuse;  // large blocks freed from here on are kept
+//     for (...) step();                   // the second step's tensors reuse the first's blocks
+//   }                                     // the kept blocks go back to the system
+//
+// While any TensorReuse is alive (on any thread), storage blocks of 64 KiB or more that are freed
+// are kept, and an allocation of the same size class takes one of them before asking the system.
+// Values are never affected: a new tensor is uninitialised either way. Thread-safe.
+#pragma once
+
+namespace tessera {
+
+class TensorReuse {
+ public:
+  TensorReuse();
+  ~TensorReuse();  // the last one alive releases the kept blocks
+  TensorReuse(const TensorReuse&) = delete;
+  TensorReuse& operator=(const TensorReuse&) = delete;
+};
+
+}  // namespace tessera
