@@ -223,6 +223,14 @@ TEST(TrainSeparator, OneTheTokenizerDropsIsAnErrorNamingTheKeysPlace) {
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(has(r.status().message(), "exp.yaml:16:")) << r.status().message();
   EXPECT_TRUE(has(r.status().message(), "train.separator: the tokenizer gives no tokens")) << r.status().message();
+  // A chars vocabulary has no "\n" (a character a line): the default separator would be UNK.
+  std::string chars = lm_yaml(d + "/lines.txt", "seq_len: 2");
+  chars.replace(chars.find("{tokenizer: bytes}"), std::string("{tokenizer: bytes}").size(),
+                "{tokenizer: chars, vocab: " + std::string(TESSERA_TEST_DATA) + "/text/chars.txt}");
+  Result<TrainSummary> c = train_experiment(load(chars, d), options(d + "/run"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(has(c.status().message(), "train.separator: the tokenizer gives no tokens for \"\\n\" (the default)"))
+      << c.status().message();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -133,6 +133,12 @@ Result<std::vector<int32_t>> separator_ids(const Experiment& exp, const Source& 
   if (ids.empty())
     return problem("the tokenizer gives no tokens for " + std::string(sep == "\n" ? "\"\\n\" (the default)" : "it"),
                    "choose a separator the tokenizer keeps (tokenizer bytes keeps \"\\n\"), or \"\" for none");
+  // An unknown-character id would stand for it silently: the ids must decode to the separator.
+  Result<std::string> back = src.encoder.decode(ids);
+  if (back.ok() && *back != sep)
+    return problem("the tokenizer cannot represent it (its ids decode to " + json(*back).dump() + ")",
+                   "a chars vocabulary holds no \"\\n\" (a character a line): use tokenizer bytes, or set "
+                   "train.separator: \"\"");
   return ids;
 }
 
