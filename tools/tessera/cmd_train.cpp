@@ -46,7 +46,11 @@ int run_train(const TrainArgs& a) {
   std::printf("best validation (step %lld): %s\n", static_cast<long long>(s.best_step), describe(s.best).c_str());
   if (s.test.counted) std::printf("test (best weights): %s\n", describe(s.test).c_str());
   if (s.stopped_early) std::printf("stopped early: no better validation for train.patience evaluations\n");
-  std::printf("best weights: %s/best.safetensors (run them with model.weights.file)\n", s.dir.c_str());
+  if (exp->train.baseline == Baseline::none)
+    std::printf("best weights: %s/best.safetensors (run them with model.weights.file)\n", s.dir.c_str());
+  else if (exp->train.baseline == Baseline::proximity)
+    std::printf("proximity baseline's best weights: %s/best.safetensors (stem.embed, proximity.w, proximity.b)\n",
+                s.dir.c_str());
   return kExitOk;
 }
 

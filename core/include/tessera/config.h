@@ -272,6 +272,9 @@ enum class Objective : int { auto_detect = 0, classify = 1, lm = 2 };
 enum class OptimizerKind : int { adamw = 0, sgd = 1 };
 enum class ScheduleKind : int { cosine = 0, linear = 1, constant = 2 };
 enum class TrainMetric : int { auto_detect = 0, loss = 1, accuracy = 2 };
+// lm: what is trained instead of the model (docs/TRAINING.md, "Baselines"): counted n-gram models
+// of the training stream, or the proximity model (the mean of the last `window` embeddings).
+enum class Baseline : int { none = 0, unigram = 1, bigram = 2, proximity = 3 };
 
 struct TrainConfig {
   Objective objective = Objective::auto_detect;  // resolved: classify for a classifier head, lm for an LM head
@@ -310,6 +313,12 @@ struct TrainConfig {
   int64_t patience = 0;          // stop after this many evaluations without a better metric; 0: never
   int64_t keep = 2;              // checkpoints kept
   int64_t log_every = 10;        // steps between metrics.jsonl lines
+  // lm: written between consecutive items in the token stream (encoded by the plugin, its content
+  // rows only), so that a text file's line breaks are in the stream; "": items run together.
+  std::string separator = "\n";
+  Baseline baseline = Baseline::none;  // lm: train a baseline instead of the model
+  double add_k = 1.0;                  // unigram, bigram: add-k smoothing of the counts
+  int64_t window = 8;                  // proximity: how many preceding tokens are averaged
 };
 
 struct Experiment {
@@ -387,5 +396,6 @@ const char* objective_name(Objective o);
 const char* optimizer_kind_name(OptimizerKind k);
 const char* schedule_kind_name(ScheduleKind k);
 const char* train_metric_name(TrainMetric m);
+const char* baseline_name(Baseline b);
 
 }  // namespace tessera

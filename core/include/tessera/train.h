@@ -133,4 +133,39 @@ struct EvalReport {
 
 Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions& options);
 
+// ---------------------------------------------------------------------------------------------
+// Baselines (train.baseline), the yardsticks an LM's bits per token are read against. The trainer
+// fits them on the training stream and evaluates them on every token of the held-out stream
+// after its first (docs/TRAINING.md, "Baselines").
+
+// A counted n-gram model: order 1 (unigram) or 2 (bigram), add-k smoothed over the V ids:
+//   unigram  p(b)     = (c(b) + k) / (N + k·V)          N: tokens counted
+//   bigram   p(b | a) = (c(a b) + k) / (c(a ·) + k·V)   c(a ·): the bigrams that start with a
+struct NgramModel {
+  int order = 1;
+  int64_t vocab = 0;              // V
+  double add_k = 1.0;
+  int64_t total = 0;              // N
+  std::vector<int64_t> unigrams;  // (V): c(b)
+  std::vector<int64_t> bigrams;   // (V, V), order 2: c(a b) at a·V + b
+  std::vector<int64_t> contexts;  // (V), order 2: c(a ·)
+
+  // Counts `stream`; an id outside [0, vocab) is an error naming its position.
+  static Result<NgramModel> count(int order, const std::vector<int32_t>& stream, int64_t vocab, double add_k);
+  double prob(int32_t prev, int32_t next) const;  // prev is ignored by a unigram model
+  // Sum of -ln p(stream[t] | stream[t-1]) over t = 1 .. size-1 (nats); ids must be in range.
+  double nats(const std::vector<int32_t>& stream) const;
+};
+
+// The proximity model of the first seed lecture (§3, "contextualizing by proximity"), on its
+// causal side: the next token from the mean of the last `window` token embeddings,
+//   h_t = (1/w_t) · Σ_{j=t-w_t}^{t-1} E[x_j]   (w_t = min(window, t))      (C)
+//   logits_t = h_t · W + b                                                  (V)
+// Its parameters: "stem.embed" (V, C), "proximity.w" (C, V), "proximity.b" (V).
+Parameters proximity_init(int64_t vocab, int64_t width, uint64_t seed);
+// Sum of -ln p(stream[t]) over t in `targets` (each in [1, size)); when grads is given (the
+// shapes of p, zeroed by the caller), the gradient of that sum is added to it.
+double proximity_nats(const Parameters& p, const std::vector<int32_t>& stream, const std::vector<int64_t>& targets,
+                      int64_t window, Parameters* grads = nullptr);
+
 }  // namespace tessera

@@ -59,6 +59,10 @@ const Names<ScheduleKind> kScheduleNames = {
     {"cosine", ScheduleKind::cosine}, {"linear", ScheduleKind::linear}, {"constant", ScheduleKind::constant}};
 const Names<TrainMetric> kMetricNames = {
     {"auto", TrainMetric::auto_detect}, {"loss", TrainMetric::loss}, {"accuracy", TrainMetric::accuracy}};
+const Names<Baseline> kBaselineNames = {{"none", Baseline::none},
+                                        {"unigram", Baseline::unigram},
+                                        {"bigram", Baseline::bigram},
+                                        {"proximity", Baseline::proximity}};
 const Names<DataFormat> kDataFormatNames = {
     {"auto", DataFormat::auto_detect}, {"dir", DataFormat::dir},
     {"glob", DataFormat::glob},        {"manifest", DataFormat::manifest},
@@ -1330,6 +1334,19 @@ void append_train_keys(std::vector<KeyRule>& r) {
                       FIELD(train.keep)));
   r.push_back(int_key("train.log_every", kAtLeastOne, "10", "steps between metrics.jsonl lines",
                       FIELD(train.log_every)));
+  r.push_back(string_key("train.separator", "\"\\n\"",
+                         "lm: written between consecutive items of the token stream (a text file's line breaks); "
+                         "\"\": the items run together",
+                         FIELD(train.separator)));
+  r.push_back(enum_key("train.baseline", kBaselineNames, "none",
+                       "lm: train a baseline instead of the model: unigram or bigram (counted on the training "
+                       "stream, add-k smoothed), or proximity (the next token from the mean of the last `window` "
+                       "token embeddings, width d_model, trained by gradient)",
+                       FIELD(train.baseline)));
+  r.push_back(float_range_key("train.add_k", "> 0", [](double v) { return v > 0; }, "1",
+                              "unigram, bigram: added to every count (add-k smoothing)", FIELD(train.add_k)));
+  r.push_back(int_key("train.window", kAtLeastOne, "8", "proximity: how many preceding tokens are averaged",
+                      FIELD(train.window)));
 }
 
 #undef FIELD
@@ -1784,6 +1801,15 @@ void resolve(WalkContext& c) {
     c.error(c.where("train.accumulate"), "train.accumulate",
             "batch_size " + str(t.batch_size) + " does not divide into " + str(t.accumulate) + " micro-batches",
             "choose accumulate so that batch_size / accumulate is a whole number");
+  if (c.is_given("train.separator") && t.objective == Objective::classify)
+    c.error(c.where("train.separator"), "train.separator",
+            "only an lm objective joins items into a stream; a classifier trains on each item alone",
+            "remove train.separator, or train an LM head");
+  if (c.is_given("train.baseline") && t.baseline != Baseline::none && t.objective != Objective::lm)
+    c.error(c.where("train.baseline"), "train.baseline",
+            std::string(name_of(kBaselineNames, t.baseline)) + " is a language-model baseline, but the objective is " +
+                (t.objective == Objective::classify ? "classify" : "not lm"),
+            "train an LM head (model.head.kind: lm), or remove train.baseline");
   for (const std::string& g : t.no_decay)
     if (g != "norms" && g != "biases" && g != "embeddings")
       c.error(c.where("train.no_decay"), "train.no_decay", "unknown parameter group \"" + g + "\"",
@@ -1899,5 +1925,6 @@ const char* objective_name(Objective o) { return config::name_of(config::kObject
 const char* optimizer_kind_name(OptimizerKind k) { return config::name_of(config::kOptimizerNames, k); }
 const char* schedule_kind_name(ScheduleKind k) { return config::name_of(config::kScheduleNames, k); }
 const char* train_metric_name(TrainMetric m) { return config::name_of(config::kMetricNames, m); }
+const char* baseline_name(Baseline b) { return config::name_of(config::kBaselineNames, b); }
 
 }  // namespace tessera

@@ -113,9 +113,44 @@ int32_t class_index(const std::vector<std::string>& classes, const std::string& 
   return -1;
 }
 
+// train.separator's ids: its encoding by the plugin, content rows only (no BOS/EOS the tokenizer
+// may add to every item). Empty for an empty separator; a separator that gives no content rows
+// (whitespace under WordPiece, say) is an error naming the key's place.
+Result<std::vector<int32_t>> separator_ids(const Experiment& exp, const Source& src) {
+  const std::string& sep = exp.train.separator;
+  if (sep.empty()) return std::vector<int32_t>{};
+  auto problem = [&](const std::string& what, const std::string& hint) {
+    Diagnostic d{exp.where("train.separator"), "train.separator", what, hint};
+    return Status::Invalid(d.str());
+  };
+  if (src.encoder.info().rows_kind != TSR_ROWS_IDS)
+    return problem("the " + src.plugin->name() + " plugin gives feature rows, not token ids, so there is no stream to "
+                   "separate items in", "set train.separator: \"\"");
+  PluginItem pi;
+  pi.id = "train.separator";
+  pi.data = sep;
+  Result<std::vector<TokenRows>> rows = src.encoder.encode(pi);
+  if (!rows.ok()) return problem("the plugin cannot encode it: " + rows.status().message(), "choose another separator, or \"\" for none");
+  std::vector<int32_t> ids;
+  for (const TokenRows& r : *rows)
+    for (size_t i = 0; i < r.ids.size(); ++i)
+      if (r.roles[i] == TSR_ROLE_CONTENT) ids.push_back(r.ids[i]);
+  if (ids.empty())
+    return problem("the tokenizer gives no tokens for " + std::string(sep == "\n" ? "\"\\n\" (the default)" : "it"),
+                   "choose a separator the tokenizer keeps (tokenizer bytes keeps \"\\n\"), or \"\" for none");
+  // An unknown-character id would stand for it silently: the ids must decode to the separator.
+  Result<std::string> back = src.encoder.decode(ids);
+  if (back.ok() && *back != sep)
+    return problem("the tokenizer cannot represent it (its ids decode to " + json(*back).dump() + ")",
+                   "a chars vocabulary holds no \"\\n\" (a character a line): use tokenizer bytes, or set "
+                   "train.separator: \"\"");
+  return ids;
+}
+
 // Encodes a dataset. Bad items are counted and their reasons kept; they do not stop training.
+// lm: the items' ids one after another, `sep` between two items.
 Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Source& src,
-                       const std::vector<std::string>& classes, bool lm) {
+                       const std::vector<std::string>& classes, bool lm, const std::vector<int32_t>& sep = {}) {
   std::vector<PluginInput> inputs = {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}};
   Result<std::vector<DataItem>> items = read_dataset(data, inputs);
   if (!items.ok()) return items.status();
@@ -157,6 +192,7 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
     }
     for (const TokenRows& r : *rows) {
       if (lm) {
+        if (!e.stream.empty()) e.stream.insert(e.stream.end(), sep.begin(), sep.end());
         e.stream.insert(e.stream.end(), r.ids.begin(), r.ids.end());
         continue;
       }
@@ -401,7 +437,7 @@ Status trim_metrics(const std::string& path, int64_t last_step) {
 // The training and held-out sets: validation_data when given, else the last share of an LM's
 // stream (as corpora are split) or a seeded share of the items.
 Status split_data(const Experiment& exp, const Source& src, const std::vector<std::string>& classes, bool lm,
-                  Encoded&& all, Encoded* train_out, Encoded* val_out) {
+                  const std::vector<int32_t>& sep, Encoded&& all, Encoded* train_out, Encoded* val_out) {
   const TrainConfig& tc = exp.train;
   Encoded& train = *train_out;
   Encoded& val = *val_out;
@@ -413,7 +449,7 @@ Status split_data(const Experiment& exp, const Source& src, const std::vector<st
     vd.path = tc.validation_data;
     vd.labels = tc.validation_labels;
     vd.limit = 0;
-    TSR_ASSIGN_OR_RETURN(val, encode(exp, vd, src, classes, lm));
+    TSR_ASSIGN_OR_RETURN(val, encode(exp, vd, src, classes, lm, sep));
     train = std::move(all);
   } else if (lm) {
     const size_t cut = static_cast<size_t>(static_cast<double>(all.stream.size()) * (1.0 - tc.validation));
@@ -486,6 +522,126 @@ class Progress {
   bool on_, tty_;
 };
 
+// ---------------------------------------------------------------------------------------------
+// Baselines (train.baseline): fitted on the training stream, evaluated on every held-out token
+// after the first; the run folder gets the same metrics.jsonl lines and summary.json as a model's.
+
+struct BaselineRun {
+  const Experiment& exp;
+  const std::vector<int32_t>& train;  // the training stream
+  const std::vector<int32_t>& val;    // the held-out stream
+  int64_t total_steps;                // proximity: optimizer steps
+  int64_t steps_per_epoch;
+  int64_t n_windows;                  // proximity: window offsets to draw from
+};
+
+EvalResult nats_result(double nats, int64_t counted) {
+  EvalResult r;
+  r.counted = counted;
+  r.loss = counted ? nats / static_cast<double>(counted) : 0;
+  r.bits_per_token = r.loss / std::log(2.0);
+  return r;
+}
+
+Result<TrainSummary> train_baseline(const BaselineRun& run, TrainSummary sum, const std::string& hash, Progress& progress,
+                                    std::chrono::steady_clock::time_point t0) {
+  const Experiment& exp = run.exp;
+  const TrainConfig& tc = exp.train;
+  const int64_t V = exp.model.stem.vocab_size;
+  const std::string name = baseline_name(tc.baseline);
+  if (run.val.size() < 2) return Status::Invalid("train: the held-out stream has fewer than 2 tokens: nothing to evaluate");
+  const int64_t counted = static_cast<int64_t>(run.val.size()) - 1;
+  for (size_t t = 0; t < run.val.size(); ++t)
+    if (run.val[t] < 0 || run.val[t] >= V)
+      return Status::Invalid("train: token " + std::to_string(t) + " of the held-out stream is id " + std::to_string(run.val[t]) +
+                             ", outside model.stem.vocab_size " + std::to_string(V));
+  std::ofstream metrics((fs::path(sum.dir) / "metrics.jsonl").string(), std::ios::app);
+  auto log = [&](const json& j) {
+    metrics << j.dump() << "\n";
+    metrics.flush();
+  };
+  EvalResult best;
+  int64_t best_step = 0;
+  if (tc.baseline == Baseline::unigram || tc.baseline == Baseline::bigram) {
+    TSR_ASSIGN_OR_RETURN(NgramModel m, NgramModel::count(tc.baseline == Baseline::unigram ? 1 : 2, run.train, V, tc.add_k));
+    log({{"step", 0}, {"event", "start"}, {"config_hash", hash}, {"baseline", name}, {"add_k", tc.add_k},
+         {"tokens", m.total}, {"steps", 0}, {"parameters", 0}});
+    best = nats_result(m.nats(run.val), counted);
+    log({{"step", 0}, {"epoch", 1}, {"eval", eval_json(best)}, {"best", true}});
+    progress.line(name + " baseline (add-" + std::to_string(tc.add_k) + ", counted on " + std::to_string(m.total) +
+                  " tokens): loss " + std::to_string(best.loss) + ", bits/token " + std::to_string(best.bits_per_token));
+  } else {
+    const int64_t T = tc.seq_len;
+    Parameters params = proximity_init(V, exp.model.d_model, mix(tc.seed, 0x9e0));
+    TSR_ASSIGN_OR_RETURN(Optimizer optim, Optimizer::create(optimizer_options(tc), params));
+    Parameters grads = params.zeros_like();
+    log({{"step", 0}, {"event", "start"}, {"config_hash", hash}, {"baseline", name}, {"window", tc.window},
+         {"examples", run.n_windows}, {"steps", run.total_steps}, {"parameters", params.numel()}});
+    std::vector<int64_t> val_targets(static_cast<size_t>(counted));
+    std::iota(val_targets.begin(), val_targets.end(), int64_t{1});
+    bool have_best = false;
+    double loss_sum = 0;
+    int64_t loss_n = 0;
+    const auto loop_start = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step < run.total_steps;) {
+      // The model's windows (the same draws): each window's seq_len next tokens are targets.
+      Rng rng(mix(tc.seed, static_cast<uint64_t>(step) + 1));
+      std::vector<int64_t> targets;
+      for (int64_t i = 0; i < tc.batch_size; ++i) {
+        const int64_t o = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(run.n_windows));
+        for (int64_t t = 1; t <= T; ++t) targets.push_back(o + t);
+      }
+      const double nats = proximity_nats(params, run.train, targets, tc.window, &grads);
+      scale(grads, 1.0 / static_cast<double>(targets.size()));
+      const double loss = nats / static_cast<double>(targets.size());
+      std::string bad;
+      if (!std::isfinite(loss) || !all_finite(grads, &bad))
+        return Status::Invalid("train: step " + std::to_string(step + 1) + ": the proximity baseline's loss or gradient is "
+                               "not finite: lower train.lr");
+      const double norm = clip_grad_norm(grads, tc.clip_norm);
+      const double lr = scheduled_lr(schedule_options(tc), tc.lr, step, run.total_steps);
+      TSR_RETURN_IF_ERROR(optim.step(params, grads, lr));
+      grads.zero();
+      ++step;
+      loss_sum += loss;
+      ++loss_n;
+      const int64_t epoch = (step - 1) / run.steps_per_epoch;
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+      const double per_s = static_cast<double>(step * tc.batch_size) / std::max(secs, 1e-9);
+      if (step % tc.log_every == 0 || step == run.total_steps) {
+        log({{"step", step}, {"epoch", epoch + 1}, {"loss", loss_sum / static_cast<double>(loss_n)}, {"lr", lr},
+             {"grad_norm", norm}, {"examples_per_s", per_s}});
+        progress.step(epoch, step, run.total_steps, loss_sum / static_cast<double>(loss_n), lr, per_s,
+                      secs / static_cast<double>(step) * static_cast<double>(run.total_steps - step));
+        loss_sum = 0;
+        loss_n = 0;
+      }
+      const bool eval_now = tc.eval_every > 0 ? step % tc.eval_every == 0 || step == run.total_steps
+                                              : step % run.steps_per_epoch == 0 || step == run.total_steps;
+      if (!eval_now) continue;
+      const EvalResult e = nats_result(proximity_nats(params, run.val, val_targets, tc.window), counted);
+      const bool improved = !have_best || e.loss < best.loss;
+      if (improved) {
+        best = e;
+        best_step = step;
+        have_best = true;
+        TSR_RETURN_IF_ERROR(params.save((fs::path(sum.dir) / "best.safetensors").string()));
+      }
+      log({{"step", step}, {"epoch", epoch + 1}, {"eval", eval_json(e)}, {"best", improved}});
+      progress.line("eval at step " + std::to_string(step) + ": loss " + std::to_string(e.loss) + ", bits/token " +
+                    std::to_string(e.bits_per_token) + (improved ? " (best)" : ""));
+    }
+    sum.steps = run.total_steps;
+  }
+  sum.best = best;
+  sum.best_step = best_step;
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  json s = {{"baseline", name}, {"steps", sum.steps}, {"best_step", best_step}, {"best", eval_json(best)},
+            {"seconds", sum.seconds}, {"stopped_early", false}, {"classes", json::array()}};
+  TSR_RETURN_IF_ERROR(write_file_atomic((fs::path(sum.dir) / "summary.json").string(), s.dump(2) + "\n"));
+  return sum;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -530,10 +686,14 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
                              std::to_string(c.head.n_classes) + " (give model.head.labels to name them in order)");
   }
   sum.classes = classes;
-  TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, classes, lm));
+  std::vector<int32_t> sep;
+  if (lm) {
+    TSR_ASSIGN_OR_RETURN(sep, separator_ids(exp, src));
+  }
+  TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, classes, lm, sep));
   if (all.failed) progress.line("train: " + std::to_string(all.failed) + " item(s) could not be read: " + all.errors[0]);
   Encoded train, val;
-  TSR_RETURN_IF_ERROR(split_data(exp, src, classes, lm, std::move(all), &train, &val));
+  TSR_RETURN_IF_ERROR(split_data(exp, src, classes, lm, sep, std::move(all), &train, &val));
   const int64_t T = tc.seq_len;
   const int64_t n_train = lm ? (static_cast<int64_t>(train.stream.size()) - T - 1) : static_cast<int64_t>(train.items.size());
   if (n_train <= 0)
@@ -546,6 +706,15 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   const int64_t total = tc.max_steps > 0 ? tc.max_steps : tc.epochs * steps_per_epoch;
   sum.examples = per_epoch;
   TSR_RETURN_IF_ERROR(check_schedule(schedule_options(tc), total));
+  if (tc.baseline != Baseline::none) {
+    if (opt.resume)
+      return Status::Invalid("train --resume: a baseline (train.baseline: " + std::string(baseline_name(tc.baseline)) +
+                             ") keeps no checkpoints; run it again with --force");
+    if (fs::exists(metrics_path, ec) && !opt.force)
+      return Status::Invalid("train: " + sum.dir + " already holds a run (metrics.jsonl): pass --force to start over");
+    return train_baseline({exp, train.stream, val.stream, total, steps_per_epoch, n_train}, sum, config_hash(exp),
+                          progress, t0);
+  }
 
   // Model and optimizer, fresh or from the latest checkpoint.
   TSR_ASSIGN_OR_RETURN(Parameters resolved, Parameters::resolve(c));
@@ -751,7 +920,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     td.path = tc.test_data;
     td.labels = tc.test_labels;
     td.limit = 0;
-    TSR_ASSIGN_OR_RETURN(Encoded test, encode(exp, td, src, classes, lm));
+    TSR_ASSIGN_OR_RETURN(Encoded test, encode(exp, td, src, classes, lm, sep));
     TSR_ASSIGN_OR_RETURN(Parameters best_params, load_weights((fs::path(sum.dir) / "best.safetensors").string(), c));
     TSR_ASSIGN_OR_RETURN(sum.test, evaluate(exp, best_params, test, micro));
     log({{"step", step}, {"test", eval_json(sum.test)}, {"weights", "best.safetensors"}});
@@ -783,6 +952,9 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
     return Status::Invalid("eval: the model has neither a classifier nor an LM head (model.head.kind is " +
                            std::string(head_kind_name(c.head.kind)) + "): there is nothing to score");
   const bool lm = tc.objective == Objective::lm;
+  if (tc.baseline != Baseline::none)
+    return Status::Invalid(std::string("eval: train.baseline is ") + baseline_name(tc.baseline) +
+                           ": a baseline is scored by tessera train itself (its summary.json); eval scores a model's weights");
   if (!o.labels.empty() && o.data.empty()) return Status::Invalid("eval: --labels names the labels of --data; give --data too");
   Parameters params;
   if (o.weights.empty()) {
@@ -806,6 +978,10 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
       rep.classes = c.head.labels;
     }
   }
+  std::vector<int32_t> sep;
+  if (lm) {
+    TSR_ASSIGN_OR_RETURN(sep, separator_ids(exp, src));
+  }
   Encoded set;
   if (!o.data.empty() || o.test) {
     DataConfig d = exp.data;
@@ -813,13 +989,13 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
     d.labels = o.data.empty() ? tc.test_labels : o.labels;
     d.limit = 0;
     if (d.path.empty()) return Status::Invalid("eval: --test, but the experiment has no train.test_data");
-    TSR_ASSIGN_OR_RETURN(set, encode(exp, d, src, rep.classes, lm));
+    TSR_ASSIGN_OR_RETURN(set, encode(exp, d, src, rep.classes, lm, sep));
     rep.set = (o.data.empty() ? "the test set " : "") + d.path;
   } else {
     if (exp.data.path.empty()) return Status::Invalid("eval: the experiment has no data.path to hold out from; give --data");
-    TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, rep.classes, lm));
+    TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, rep.classes, lm, sep));
     Encoded train;
-    TSR_RETURN_IF_ERROR(split_data(exp, src, rep.classes, lm, std::move(all), &train, &set));
+    TSR_RETURN_IF_ERROR(split_data(exp, src, rep.classes, lm, sep, std::move(all), &train, &set));
     rep.set = !tc.validation_data.empty() ? "the validation set " + tc.validation_data
               : lm ? "the last " + fmt_share(tc.validation) + " of the text of " + exp.data.path + " (held out as training held it out)"
                    : "the seeded " + fmt_share(tc.validation) + " of the items of " + exp.data.path +
