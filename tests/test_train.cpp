@@ -24,15 +24,19 @@
 #include "tessera/parameters.h"
 #include "tessera/safetensors.h"
 #include "tessera/train.h"
+#include "test_training.h"
 
 using namespace tessera;
 using nlohmann::json;
+using namespace tessera::testing_train;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kPluginDir = TESSERA_PLUGIN_BUILD_DIR;  // libtessera_text.so
 const std::string kTessera = std::string(TESSERA_BINARY_DIR) + "/tessera";
+
+std::string temp_dir(const std::string& name) { return testing_train::temp_dir("tessera_train", name); }
 
 // Run folders of death tests: the re-executed child must compute the same name (no pid), and
 // another build tree testing on the same machine must not share it.
@@ -43,19 +47,6 @@ std::string fixed_dir(const std::string& name) {
   return d;
 }
 
-std::string temp_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "tessera_train_" + name + "_" + std::to_string(getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
 
 // The first `bytes` of the test corpus (whole lines), as a text file in `dir`: one item per line.
 std::string corpus_file(const std::string& dir, size_t bytes) {
@@ -100,40 +91,8 @@ std::string classify_yaml(const std::string& data, const std::string& train, con
          "data:\n  path: " + data + "\ntrain: {" + train + "}\n";
 }
 
-std::optional<Experiment> try_load(const std::string& yaml, const std::string& dir, Diagnostics* d) {
-  return load_experiment_from_string(yaml, "exp.yaml", dir, {}, d);
-}
 
-Experiment load(const std::string& yaml, const std::string& dir) {
-  Diagnostics d;
-  std::optional<Experiment> e = try_load(yaml, dir, &d);
-  EXPECT_TRUE(e) << d.str();
-  return e ? *e : Experiment{};
-}
-
-TrainOptions options(const std::string& out, bool resume = false) {
-  TrainOptions o;
-  o.out_dir = out;
-  o.resume = resume;
-  o.progress = false;
-  return o;
-}
-
-TrainSummary train_ok(const Experiment& e, const TrainOptions& o) {
-  Result<TrainSummary> r = train_experiment(e, o);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  return r.ok() ? *r : TrainSummary{};
-}
-
-std::vector<json> metrics(const std::string& run) {
-  std::vector<json> out;
-  std::ifstream f(run + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) out.push_back(json::parse(line));
-  return out;
-}
-
-bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+TrainOptions options(const std::string& out, bool resume = false) { return train_options(out, resume); }
 
 // Every tensor of a safetensors file, name and bytes, in file order: what two weights files share
 // when their metadata differ.

@@ -17,9 +17,11 @@
 #include "tessera/optim.h"
 #include "tessera/parameters.h"
 #include "tessera/train.h"
+#include "test_training.h"
 
 using namespace tessera;
 using nlohmann::json;
+using namespace tessera::testing_train;
 namespace fs = std::filesystem;
 
 namespace {
@@ -27,20 +29,14 @@ namespace {
 const std::string kPluginDir = TESSERA_PLUGIN_BUILD_DIR;  // libtessera_text.so
 const std::string kSlice = std::string(TESSERA_TEST_DATA) + "/kjv/ruth_jonah.txt";
 
-std::string temp_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "tessera_train_lm_" + name + "_" + std::to_string(getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+std::string temp_dir(const std::string& name) { return testing_train::temp_dir("tessera_train_lm", name); }
 
 std::string plugin(const std::string& options = "{tokenizer: bytes}") {
   return "plugins:\n  - name: text\n    path: " + kPluginDir + "\n    options: " + options + "\n";
 }
+
+TrainOptions options(const std::string& out) { return train_options(out, false, true); }
 
 // A byte-level decoder; `train` is the inside of the train mapping.
 std::string lm_yaml(const std::string& data, const std::string& train, int64_t d_model = 32, int64_t layers = 1,
@@ -50,38 +46,6 @@ std::string lm_yaml(const std::string& data, const std::string& train, int64_t d
          std::to_string(max_len) + "}\n  head: {kind: lm, tied: true}\ndata:\n  path: " + data + "\ntrain: {" + train + "}\n";
 }
 
-std::optional<Experiment> try_load(const std::string& yaml, const std::string& dir, Diagnostics* d) {
-  return load_experiment_from_string(yaml, "exp.yaml", dir, {}, d);
-}
-
-Experiment load(const std::string& yaml, const std::string& dir) {
-  Diagnostics d;
-  std::optional<Experiment> e = try_load(yaml, dir, &d);
-  EXPECT_TRUE(e) << d.str();
-  return e ? *e : Experiment{};
-}
-
-TrainOptions options(const std::string& out) {
-  TrainOptions o;
-  o.out_dir = out;
-  o.force = true;
-  o.progress = false;
-  return o;
-}
-
-TrainSummary train_ok(const Experiment& e, const TrainOptions& o) {
-  Result<TrainSummary> r = train_experiment(e, o);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  return r.ok() ? *r : TrainSummary{};
-}
-
-std::vector<json> metrics(const std::string& run) {
-  std::vector<json> out;
-  std::ifstream f(run + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) out.push_back(json::parse(line));
-  return out;
-}
 
 }  // namespace
 

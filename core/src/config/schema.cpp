@@ -751,30 +751,17 @@ KeyRule data_path_key() {
   return r;
 }
 
-// A dataset path of the train section (validation_data, test_data): like data.path.
-KeyRule train_data_key(const std::string& path, std::string TrainConfig::*field, const std::string& meaning) {
+// A dataset path of the train section (validation_data, test_data): like data.path, a glob or a
+// path that must exist; or (globs false: validation_labels, test_labels) a file that must exist.
+KeyRule train_data_key(const std::string& path, std::string TrainConfig::*field, const std::string& meaning,
+                       bool globs = true) {
   KeyRule r;
   r.spec = {path, "path", "none", meaning};
   r.nullable = true;
-  r.read = [field](const Node& n, const std::string& key, WalkContext& c) {
+  r.read = [field, globs](const Node& n, const std::string& key, WalkContext& c) {
     const std::string text = n.is_scalar() ? n.text : "";
-    const bool glob = text.find_first_of("*?[") != std::string::npos;
+    const bool glob = globs && text.find_first_of("*?[") != std::string::npos;
     return read_path(n, key, c, !glob, &(c.exp->train.*field));
-  };
-  r.print = [field](const Experiment& e) {
-    const std::string& v = e.train.*field;
-    return v.empty() ? std::string("null") : quote(v);
-  };
-  return r;
-}
-
-// The labels file (idx1) of validation_data or test_data, for IDX datasets.
-KeyRule train_labels_key(const std::string& path, std::string TrainConfig::*field, const std::string& meaning) {
-  KeyRule r;
-  r.spec = {path, "path", "none", meaning};
-  r.nullable = true;
-  r.read = [field](const Node& n, const std::string& key, WalkContext& c) {
-    return read_path(n, key, c, true, &(c.exp->train.*field));
   };
   r.print = [field](const Experiment& e) {
     const std::string& v = e.train.*field;
@@ -1319,10 +1306,10 @@ void append_train_keys(std::vector<KeyRule>& r) {
                              "a dataset of its own for validation; relative to the YAML file"));
   r.push_back(train_data_key("train.test_data", &TrainConfig::test_data,
                              "a test set, evaluated once at the end with the best checkpoint"));
-  r.push_back(train_labels_key("train.validation_labels", &TrainConfig::validation_labels,
-                               "idx: the labels file of validation_data's images (as data.labels is data.path's)"));
-  r.push_back(train_labels_key("train.test_labels", &TrainConfig::test_labels,
-                               "idx: the labels file of test_data's images (as data.labels is data.path's)"));
+  r.push_back(train_data_key("train.validation_labels", &TrainConfig::validation_labels,
+                             "idx: the labels file of validation_data's images (as data.labels is data.path's)", false));
+  r.push_back(train_data_key("train.test_labels", &TrainConfig::test_labels,
+                             "idx: the labels file of test_data's images (as data.labels is data.path's)", false));
   r.push_back(int_key("train.eval_every", kNonNegative, "0", "steps between evaluations; 0: at the end of each epoch",
                       FIELD(train.eval_every)));
   r.push_back(enum_key("train.metric", kMetricNames, "auto",
