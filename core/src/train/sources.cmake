@@ -10,8 +10,9 @@ target_sources(tessera PRIVATE
 # vectorise.
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/optim.cpp PROPERTIES
   COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno")
-# The run folder's plots (loss.png, metric.png, confusion.png): cairo, libcairo2-dev.
+# The run folder's plots (loss.png, metric.png, confusion.png): cairo, libcairo2-dev (which brings
+# libfontconfig-dev: the plots give fontconfig's state back when they are done).
 target_sources(tessera PRIVATE ${CMAKE_CURRENT_LIST_DIR}/report.cpp)
 find_package(PkgConfig REQUIRED)
-pkg_check_modules(CAIRO REQUIRED IMPORTED_TARGET cairo)
+pkg_check_modules(CAIRO REQUIRED IMPORTED_TARGET cairo fontconfig)
 target_link_libraries(tessera PRIVATE PkgConfig::CAIRO)
