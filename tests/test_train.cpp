@@ -596,6 +596,45 @@ TEST(TrainCli, TrainsAndRefusesABadConfigWithExitCode2) {
   EXPECT_FALSE(fs::exists(d + "/bad"));
 }
 
+// `tessera bench --train` times the training loop's own steps: warm-up + reps + 1 of them run
+// (the last one's interval holds the evaluation and is not timed), in a scratch folder it removes.
+TEST(TrainCli, BenchTrainTimesTheLoopsStepsAndLeavesNothingBehind) {
+  const std::string d = temp_dir("cli_bench");
+  write(d + "/exp.yaml", classify_yaml(classify_file(d, 10), "max_steps: 500, batch_size: 8, eval_every: 2, "
+                                                          "test_data: " + d + "/items.jsonl"));
+  const Ran r = run_cli("bench --train " + d + "/exp.yaml --reps 3 --warmup 1 --threads 1 --json " + d + "/b.json", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "classifier, batch 8 x ")) << r.out;
+  EXPECT_TRUE(has(r.out, "(3 steps after 1 warm-up)")) << r.out;
+  EXPECT_TRUE(has(r.out, "examples/s")) << r.out;
+  const json j = json::parse(slurp(d + "/b.json"));
+  EXPECT_EQ(j["mode"], "train");
+  ASSERT_EQ(j["times_s"].size(), 3u);
+  for (const json& t : j["times_s"]) EXPECT_GT(t.get<double>(), 0.0);
+  EXPECT_GT(j["examples_per_s"].get<double>(), 0.0);
+  EXPECT_NEAR(j["examples_per_s"].get<double>(), 8.0 / j["median_s"].get<double>(), 1e-9);
+  EXPECT_GT(j["max_rss_bytes"].get<int64_t>(), 0);
+  // No run folder was made beside the config (the outputs.dir default) and none stays in the temp dir.
+  for (const auto& e : fs::directory_iterator(d)) EXPECT_FALSE(fs::is_directory(e.path())) << e.path();
+  // A language model gives tokens/s too.
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog\n";
+  write(d + "/lm.txt", text);
+  write(d + "/lm.yaml", lm_yaml(d + "/lm.txt", "seq_len: 16, batch_size: 4"));
+  const Ran lm = run_cli("bench --train " + d + "/lm.yaml --reps 2 --warmup 0 --threads 1", d);
+  ASSERT_EQ(lm.code, 0) << lm.err;
+  EXPECT_TRUE(has(lm.out, "next-token LM, batch 4 x 16 rows")) << lm.out;
+  EXPECT_TRUE(has(lm.out, "tokens/s")) << lm.out;
+  // Refusals: a baseline has no loop; fewer than 2 timed steps; no file.
+  const Ran base = run_cli("bench --train " + d + "/lm.yaml --set train.baseline=bigram", d);
+  EXPECT_EQ(base.code, 2);
+  EXPECT_TRUE(has(base.err, "train.baseline is set")) << base.err;
+  const Ran few = run_cli("bench --train " + d + "/lm.yaml --reps 1", d);
+  EXPECT_EQ(few.code, 2);
+  EXPECT_TRUE(has(few.err, "--reps must be at least 2")) << few.err;
+  EXPECT_EQ(run_cli("bench --train", d).code, 2);
+}
+
 TEST(TrainCli, EvalPrintsThePerClassTableAndTheConfusionMatrix) {
   const std::string d = temp_dir("cli_eval");
   write(d + "/exp.yaml", classify_yaml(classify_file(d, 20), "epochs: 3, batch_size: 8, lr: 0.01, validation: 0.2"));

@@ -19,6 +19,7 @@
 #include "bench_attention.h"
 #include "bench_machine.h"
 #include "bench_plugins.h"
+#include "bench_train.h"
 #include "commands.h"
 #include "common.h"
 #include "tessera/fileio.h"
@@ -37,6 +38,7 @@ struct BenchArgs {
   bool no_peak = false;
   uint64_t seed = 0;
   bool plugins = false;
+  bool train = false;  // --train: the training loop (cmd_bench_train.cpp)
   PluginBenchArgs plugin_args;  // --input, --only, --data
   AttentionBenchArgs attention;  // --attention N and its options
 };
@@ -114,6 +116,20 @@ int run_bench(const BenchArgs& a) {
     if (a.reps > 0) p.reps = a.reps;
     if (a.warmup >= 0) p.warmup = a.warmup;
     return run_plugin_bench(p);
+  }
+  if (a.train) {
+    if (a.file.empty()) {
+      std::fprintf(stderr, "tessera bench --train: give the experiment YAML whose training to time\n");
+      return kExitBadInput;
+    }
+    TrainBenchArgs t;
+    t.file = a.file;
+    t.json = a.json;
+    t.overrides = a.overrides;
+    t.threads = a.threads;
+    if (a.reps > 0) t.reps = a.reps;
+    if (a.warmup >= 0) t.warmup = a.warmup;
+    return run_train_bench(t);
   }
   if (a.attention.n > 0) {
     AttentionBenchArgs t = a.attention;
@@ -374,6 +390,10 @@ void add_bench_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--data", p.data_dir,
                   "--plugins: folder of the default inputs, laid out like the sources' tests/data")
       ->capture_default_str();
+  cmd->add_flag("--train", args->train,
+                "time the experiment's training loop instead (tessera train's own steps on its data: "
+                "examples/s, GFLOP/s, peak memory; --reps steps after --warmup, default 20 after 3)")
+      ->excludes(batch, seq_len, seed, no_peak, decode);
   AttentionBenchArgs& t = args->attention;
   cmd->add_option("--attention", t.n,
                   "time one attention op over this many rows instead of a model (default 1 thread; "

@@ -8,6 +8,7 @@ add_executable(tessera_cli
   ${CMAKE_CURRENT_LIST_DIR}/bench_machine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_bench_plugins.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_bench_attention.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cmd_bench_train.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_export.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_grad.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cmd_train.cpp

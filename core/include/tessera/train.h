@@ -103,6 +103,7 @@ struct TrainSummary {
   int64_t steps = 0;           // optimizer steps done in all
   int64_t steps_resumed = 0;   // of them, done before a resume
   int64_t examples = 0;        // training examples (classify) or windows (lm) per epoch
+  double input_rows = 0;       // rows a training example gives the model: their mean (classify), seq_len (lm)
   double last_loss = 0;        // training loss of the last step
   EvalResult best;             // the best evaluation
   int64_t best_step = 0;

@@ -705,6 +705,13 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   const int64_t steps_per_epoch = (per_epoch + tc.batch_size - 1) / tc.batch_size;
   const int64_t total = tc.max_steps > 0 ? tc.max_steps : tc.epochs * steps_per_epoch;
   sum.examples = per_epoch;
+  if (lm) {
+    sum.input_rows = static_cast<double>(T);
+  } else {
+    double n_rows = 0;
+    for (const Example& e : train.items) n_rows += static_cast<double>(e.n());
+    sum.input_rows = n_rows / static_cast<double>(n_train);
+  }
   TSR_RETURN_IF_ERROR(check_schedule(schedule_options(tc), total));
   if (tc.baseline != Baseline::none) {
     if (opt.resume)
