@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <sstream>
@@ -192,7 +193,7 @@ TEST(AudioPlugin, DescribesItself) {
   EXPECT_EQ(p->modality(), "audio");
   EXPECT_EQ(p->input_kind(), TSR_INPUT_FILE);
   EXPECT_EQ(p->extensions(), (std::vector<std::string>{".wav", ".flac", ".ogg", ".oga"}));
-  ASSERT_EQ(p->options().size(), 18u);
+  ASSERT_EQ(p->options().size(), 22u);
   EXPECT_EQ(p->options()[0].name, "recipe");
   EXPECT_EQ(p->options()[0].choices, (std::vector<std::string>{"whisper", "kaldi_fbank", "ast", "frames"}));
   for (const PluginOptionSpec& o : p->options()) {
@@ -722,6 +723,10 @@ TEST(AudioOptions, EveryBadValueNamesItsOption) {
        "1000000 frames of 65536 samples are more than a day of audio"},
       {{{"max_seconds", "0"}}, "max_seconds", "0 is outside (0, 86400]"},
       {{{"n_fft", "abc"}}, "n_fft", "option \"n_fft\": \"abc\" is not an integer"},
+      {{{"augment_freq_mask_width", "81"}}, "augment_freq_mask_width", "81 is outside [0, 80] (the mel bands)"},
+      {{{"augment_time_masks", "65"}}, "augment_time_masks", "65 is outside [0, 64]"},
+      {{{"augment_time_masks", "2"}}, "augment_time_mask_width", "must be at least 1 with augment_time_masks 2"},
+      {{{"augment_freq_masks", "1"}}, "augment_freq_mask_width", "must be at least 1 with augment_freq_masks 1"},
   };
   for (const auto& [overrides, option, message] : cases) {
     auto e = Encoder::create(plugin(), options(overrides));
@@ -729,4 +734,131 @@ TEST(AudioOptions, EveryBadValueNamesItsOption) {
     EXPECT_EQ(e.status().code(), Code::invalid_argument);
     EXPECT_EQ(e.status().message(), kPluginLabel + "option " + option + ": " + message);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training augmentation: SpecAugment's time and frequency masks.
+
+namespace {
+
+// The runs of 1s in `masked`: (start, length) each.
+std::vector<std::pair<int64_t, int64_t>> runs_of(const std::vector<uint8_t>& masked) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t i = 0; i < static_cast<int64_t>(masked.size()); ++i)
+    if (masked[static_cast<size_t>(i)]) {
+      if (runs.empty() || runs.back().first + runs.back().second != i) runs.push_back({i, 0});
+      ++runs.back().second;
+    }
+  return runs;
+}
+
+// Masks of at most `count` draws of width <= `widest` cover at most count runs, none wider than
+// count · widest, and at most count · widest cells in all.
+void expect_masks(const std::vector<uint8_t>& masked, int count, int64_t widest, const std::string& what) {
+  const auto runs = runs_of(masked);
+  EXPECT_LE(static_cast<int>(runs.size()), count) << what;
+  int64_t cells = 0;
+  for (const auto& r : runs) cells += r.second;
+  EXPECT_LE(cells, count * widest) << what;
+}
+
+}  // namespace
+
+// Frame rows: the output is the input with whole frames and whole bands set to 0, the masked
+// frames and bands forming at most 2 runs of total width at most 2 x the widest mask each; the
+// same seed gives the same rows; over many seeds the masks' widths range from none to wide.
+TEST(AudioAugment, FrameRowsGetTimeAndFrequencyMasks) {
+  EXPECT_FALSE(encoder({{"recipe", "kaldi_fbank"}}).augments());
+  const Encoder e = encoder({{"recipe", "kaldi_fbank"}, {"augment_time_masks", "2"}, {"augment_time_mask_width", "20"},
+                             {"augment_freq_masks", "2"}, {"augment_freq_mask_width", "15"}});
+  ASSERT_TRUE(e.augments());
+  const TokenRows t = encode_file("Front_Center.wav", {{"recipe", "kaldi_fbank"}});
+  const int64_t n = t.size(), B = t.features.dim(1);
+  ASSERT_EQ(B, 128);
+  ASSERT_GT(n, 100);
+  const float* in = t.features.data<float>();
+  for (int64_t i = 0; i < n * B; ++i) ASSERT_NE(in[i], 0.0f) << "the test needs no 0 among the log-mel energies";
+  std::vector<float> out(static_cast<size_t>(n * B)), again(out.size());
+  int64_t widest_time = 0, widest_freq = 0, none = 0;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    ASSERT_TRUE(e.augment(t, seed, out.data()).ok());
+    ASSERT_TRUE(e.augment(t, seed, again.data()).ok());
+    ASSERT_EQ(again, out) << "seed " << seed;
+    // A frame is masked when all its values are 0; a band when it is 0 in every other frame.
+    std::vector<uint8_t> frames(static_cast<size_t>(n)), bands(static_cast<size_t>(B), 1);
+    for (int64_t r = 0; r < n; ++r) {
+      frames[static_cast<size_t>(r)] = std::all_of(&out[r * B], &out[(r + 1) * B], [](float v) { return v == 0.0f; });
+      if (!frames[static_cast<size_t>(r)])
+        for (int64_t b = 0; b < B; ++b) bands[static_cast<size_t>(b)] &= out[static_cast<size_t>(r * B + b)] == 0.0f;
+    }
+    if (std::all_of(frames.begin(), frames.end(), [](uint8_t m) { return m; })) bands.assign(bands.size(), 0);
+    // Every value is the input's or 0, as the two masks say.
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t b = 0; b < B; ++b) {
+        const bool masked = frames[static_cast<size_t>(r)] || bands[static_cast<size_t>(b)];
+        ASSERT_EQ(out[static_cast<size_t>(r * B + b)], masked ? 0.0f : in[r * B + b]) << "seed " << seed;
+      }
+    expect_masks(frames, 2, 20, "time, seed " + std::to_string(seed));
+    expect_masks(bands, 2, 15, "frequency, seed " + std::to_string(seed));
+    for (const auto& r : runs_of(frames)) widest_time = std::max(widest_time, r.second);
+    for (const auto& r : runs_of(bands)) widest_freq = std::max(widest_freq, r.second);
+    none += std::none_of(frames.begin(), frames.end(), [](uint8_t m) { return m; }) &&
+            std::none_of(bands.begin(), bands.end(), [](uint8_t m) { return m; });
+  }
+  EXPECT_GE(widest_time, 18);
+  EXPECT_GE(widest_freq, 13);
+  EXPECT_LT(none, 30);  // all four widths 0 together: about 1 in 80,000 seeds
+}
+
+// Patch rows (AST): each value is a copy of a spectrogram cell, and every copy of a cell is masked
+// or none is; the masked cells are whole frames or whole bands of at most 1 run each.
+TEST(AudioAugment, PatchRowsAreMaskedCellByCellAndOverlapsAgree) {
+  const Overrides base = {{"recipe", "ast"}, {"rows", "patches"}, {"special_rows", "2"}, {"target_frames", "128"}};
+  Overrides opts = base;
+  opts["augment_time_masks"] = "1";
+  opts["augment_time_mask_width"] = "24";
+  opts["augment_freq_masks"] = "1";
+  opts["augment_freq_mask_width"] = "20";
+  const Encoder e = encoder(opts);
+  ASSERT_TRUE(e.augments());
+  const TokenRows t = encode_file("librivox_0880.wav", base);
+  const int64_t P = 16, S = 10, W = P * P, gr = (128 - P) / S + 1, gc = (128 - P) / S + 1;
+  ASSERT_EQ(t.size(), 2 + gr * gc);
+  const float* in = t.features.data<float>();
+  std::vector<float> out(static_cast<size_t>(t.features.numel()));
+  int masked_runs = 0;
+  for (uint64_t seed = 0; seed < 100; ++seed) {
+    ASSERT_TRUE(e.augment(t, seed, out.data()).ok());
+    for (int64_t i = 0; i < 2 * W; ++i) ASSERT_EQ(out[static_cast<size_t>(i)], in[i]);  // CLS rows
+    // cell (frame, band) -> masked in this copy?
+    std::map<std::pair<int64_t, int64_t>, std::set<bool>> copies;
+    for (int64_t fi = 0; fi < gr; ++fi)
+      for (int64_t ti = 0; ti < gc; ++ti)
+        for (int64_t df = 0; df < P; ++df)
+          for (int64_t dt = 0; dt < P; ++dt) {
+            const int64_t k = (2 + fi * gc + ti) * W + df * P + dt;
+            const float o = out[static_cast<size_t>(k)];
+            ASSERT_TRUE(o == in[k] || o == 0.0f) << "seed " << seed;
+            copies[{ti * S + dt, fi * S + df}].insert(o == 0.0f && in[k] != 0.0f);
+          }
+    const int64_t covered = (gc - 1) * S + P;  // frames and bands the patches cover
+    std::vector<uint8_t> frames(static_cast<size_t>(covered), 1), bands(static_cast<size_t>(covered), 1);
+    for (const auto& [cell, states] : copies) {
+      ASSERT_EQ(states.size(), 1u) << "seed " << seed << ": copies of frame " << cell.first << ", band "
+                                   << cell.second << " disagree";
+      const bool m = *states.begin();
+      frames[static_cast<size_t>(cell.first)] &= m;
+      bands[static_cast<size_t>(cell.second)] &= m;
+    }
+    // A masked cell lies in a masked frame or a masked band.
+    for (const auto& [cell, states] : copies) {
+      if (*states.begin()) {
+        ASSERT_TRUE(frames[static_cast<size_t>(cell.first)] || bands[static_cast<size_t>(cell.second)]) << "seed " << seed;
+      }
+    }
+    expect_masks(frames, 1, 24, "time, seed " + std::to_string(seed));
+    expect_masks(bands, 1, 20, "frequency, seed " + std::to_string(seed));
+    masked_runs += static_cast<int>(runs_of(frames).size() + runs_of(bands).size());
+  }
+  EXPECT_GT(masked_runs, 150);  // two masks a seed, each of width 0 once in 20-25
 }

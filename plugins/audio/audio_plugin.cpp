@@ -81,13 +81,26 @@ const tsr_option_spec kOptions[] = {
      "vhq|hq|mq|lq|qq"},
     {sizeof(tsr_option_spec), "max_seconds", TSR_OPT_FLOAT, "3600",
      "longer files are refused as bad input (bounds the memory one item takes)", nullptr},
+    {sizeof(tsr_option_spec), "augment_time_masks", TSR_OPT_INT, "0",
+     "training only (SpecAugment): this many time masks per example, each of up to augment_time_mask_width "
+     "frames set to 0",
+     nullptr},
+    {sizeof(tsr_option_spec), "augment_time_mask_width", TSR_OPT_INT, "0",
+     "training only: the widest time mask, in frames (torchaudio's TimeMasking time_mask_param)", nullptr},
+    {sizeof(tsr_option_spec), "augment_freq_masks", TSR_OPT_INT, "0",
+     "training only (SpecAugment): this many frequency masks per example, each of up to "
+     "augment_freq_mask_width mel bands set to 0",
+     nullptr},
+    {sizeof(tsr_option_spec), "augment_freq_mask_width", TSR_OPT_INT, "0",
+     "training only: the widest frequency mask, in mel bands (torchaudio's FrequencyMasking freq_mask_param)",
+     nullptr},
 };
 
 const tsr_plugin_info kInfo = {
     sizeof(tsr_plugin_info),
     "audio",
     "audio",
-    "1.0.0",
+    "1.1.0",
     "sound files (WAV, FLAC, Ogg) as log-mel frames or AST patches: Whisper, Kaldi fbank, AST",
     kOptions,
     sizeof kOptions / sizeof kOptions[0],
@@ -239,6 +252,14 @@ class Audio {
           std::to_string(fe.target_frames) + " frames hold no " + std::to_string(patch_) + "-frame patch");
     if (!(max_seconds_ > 0) || max_seconds_ > 86400)
       bad("max_seconds", o.text("max_seconds") + " is outside (0, 86400]");
+    time_masks_ = static_cast<int>(int_in(o, "augment_time_masks", 0, 64));
+    time_width_ = static_cast<int>(int_in(o, "augment_time_mask_width", 0, 100000));
+    freq_masks_ = static_cast<int>(int_in(o, "augment_freq_masks", 0, 64));
+    freq_width_ = static_cast<int>(int_in(o, "augment_freq_mask_width", 0, fe.n_mels, " (the mel bands)"));
+    if (time_masks_ > 0 && time_width_ == 0)
+      bad("augment_time_mask_width", "must be at least 1 with augment_time_masks " + o.text("augment_time_masks"));
+    if (freq_masks_ > 0 && freq_width_ == 0)
+      bad("augment_freq_mask_width", "must be at least 1 with augment_freq_masks " + o.text("augment_freq_masks"));
   }
 
   tsr_encoder_info describe() const {
@@ -254,7 +275,63 @@ class Audio {
       i.max_rows =
           special_ + (patches_ ? static_cast<int64_t>(g.freq_patches) * g.time_patches : fe.target_frames);
     }
+    i.augments = (time_masks_ > 0 || freq_masks_ > 0) ? 1 : 0;
     return i;
+  }
+
+  // Training augmentation on a sequence encode() made: SpecAugment's masks (Park et al. 2019), as
+  // torchaudio's TimeMasking and FrequencyMasking apply them to one spectrogram. Each of the
+  // augment_time_masks time masks has a width w drawn from [0, min(augment_time_mask_width,
+  // frames)] and a start from [0, frames - w]; then each of the augment_freq_masks frequency masks
+  // the same over the n_mels bands; every value in a masked frame or band becomes 0 (torchaudio's
+  // mask_value). Draws in that order: width then start, time masks first. Frame rows: the
+  // content rows are the frames, in order. Patch rows: each value is a copy of one spectrogram cell
+  // (frame ti·stride + dt, band fi·stride + df, unfold_patches' order) and is masked with its
+  // cell, so overlapping patches agree; the frames are those the patches cover. CLS rows are kept.
+  void augment(const tsr_rows& in, uint64_t seed, float* out) const {
+    const int64_t n = in.n_rows, width = in.width;
+    const int n_mels = extractor_.front_end().n_mels;
+    const bool patches = in.grid_rows > 0 && in.grid_cols > 0;
+    if (patches != patches_ || width != (patches_ ? static_cast<int64_t>(patch_) * patch_ : n_mels))
+      fail(TSR_INVALID_ARGUMENT, "augment: the rows are not this encoder's " +
+                                     std::string(patches_ ? "patches" : "frames") + " (width " +
+                                     std::to_string(width) + ")");
+    std::copy(in.features, in.features + n * width, out);
+    int64_t frames = 0;
+    if (patches)
+      frames = static_cast<int64_t>(in.grid_cols - 1) * stride_ + patch_;
+    else
+      for (int64_t r = 0; r < n; ++r) frames += in.roles[r] == TSR_ROLE_CONTENT;
+    std::vector<uint8_t> frame_masked(static_cast<size_t>(frames), 0), band_masked(static_cast<size_t>(n_mels), 0);
+    tessera::plugin::Draws draws(seed);
+    auto draw = [&draws](int count, int64_t widest, int64_t size, std::vector<uint8_t>& masked) {
+      for (int k = 0; k < count; ++k) {
+        const int64_t w = draws.between(0, std::min(widest, size));
+        const int64_t start = draws.between(0, size - w);
+        std::fill(masked.begin() + start, masked.begin() + start + w, uint8_t{1});
+      }
+    };
+    draw(time_masks_, time_width_, frames, frame_masked);
+    draw(freq_masks_, freq_width_, n_mels, band_masked);
+    int64_t frame = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      if (in.roles[r] != TSR_ROLE_CONTENT) continue;
+      float* o = out + r * width;
+      if (!patches) {
+        if (frame_masked[static_cast<size_t>(frame++)]) std::fill(o, o + width, 0.0f);
+        for (int64_t b = 0; b < n_mels; ++b)
+          if (band_masked[static_cast<size_t>(b)]) o[b] = 0.0f;
+        continue;
+      }
+      const int64_t fi = in.positions[2 * r], ti = in.positions[2 * r + 1];
+      for (int64_t df = 0; df < patch_; ++df)
+        for (int64_t dt = 0; dt < patch_; ++dt) {
+          const int64_t t = ti * stride_ + dt, b = fi * stride_ + df;
+          const bool masked = (t >= 0 && t < frames && frame_masked[static_cast<size_t>(t)]) ||
+                              (b >= 0 && b < n_mels && band_masked[static_cast<size_t>(b)]);
+          if (masked) o[df * patch_ + dt] = 0.0f;
+        }
+    }
   }
 
   std::vector<Sequence> encode(const tessera::plugin::Item& item) {
@@ -355,6 +432,7 @@ class Audio {
   bool patches_;
   double max_seconds_;
   int patch_ = 16, stride_ = 10, special_ = 0;
+  int time_masks_ = 0, time_width_ = 0, freq_masks_ = 0, freq_width_ = 0;  // augment()
 };
 
 }  // namespace
