@@ -195,6 +195,16 @@ void expect_round_trip(const std::string& family, const Experiment& e, const Par
   }
 }
 
+// The export of `yaml` refused: the messages, and nothing written.
+std::string refusal(const std::string& yaml, const std::string& dir) {
+  const Experiment e = load_yaml(yaml);
+  Diagnostics d;
+  hf::ExportReport rep;
+  EXPECT_FALSE(hf::export_folder(e, params_of(e.model), dir, &d, &rep));
+  EXPECT_FALSE(fs::exists(dir)) << "a refused export wrote " << dir;
+  return d.str();
+}
+
 // ---------------------------------------------------------------------------------------------
 // (1) Tessera's importer reads the export back.
 
@@ -242,6 +252,34 @@ TEST(HfExport, YamlModelsExportAsTheFamilyTheirArchitectureMatches) {
   const nlohmann::json vit_pp = nlohmann::json::parse(pp);
   EXPECT_EQ(vit_pp["size"]["height"], 32);
   EXPECT_EQ(vit_pp["image_mean"][0], 0.5);
+  fs::remove_all(root);
+}
+
+// Fine-tuning: a folder's encoder with a new head exports as the class that has that head.
+TEST(HfExport, AFolderWithANewHeadExportsAsTheClassOfThatHead) {
+  const std::string root = scratch("new_head");
+  const Experiment e = load_yaml("model:\n  from: hf\n  path: hf/bert/model\n  head: {kind: classifier, n_classes: 3, "
+                                 "pool: cls, pooler: true, normalize: false, labels: [low, mid, high]}\n");
+  expect_round_trip("bert", e, trained(e.model, 5), reference_inputs("bert"), root + "/cls");
+  std::ifstream in(root + "/cls/config.json");
+  const nlohmann::json c = nlohmann::json::parse(in);
+  EXPECT_EQ(c["architectures"][0], "BertForSequenceClassification");
+  EXPECT_EQ(c["id2label"]["2"], "high");
+  EXPECT_FALSE(fs::exists(root + "/cls/modules.json"));  // the classifier reads the pooler, not the mean
+  // The same head on the mean of the rows, L2-normalised as the folder was, is not BERT's.
+  const std::string msg = refusal("model:\n  from: hf\n  path: hf/bert/model\n  head: {kind: classifier, n_classes: 3}\n",
+                                  root + "/mean");
+  EXPECT_NE(msg.find("model.head.pool: tessera export --hf: is mean; BertForSequenceClassification classifies the "
+                     "pooled CLS row"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("model.head.normalize: tessera export --hf: is true; only a pooling BERT can L2-normalise"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("model.head.pooler: tessera export --hf: is false; BertForSequenceClassification classifies "
+                     "through its pooler"),
+            std::string::npos)
+      << msg;
   fs::remove_all(root);
 }
 
@@ -334,15 +372,6 @@ TEST(HfExport, TheCommandExportsTheWeightsFileItIsGiven) {
 
 // ---------------------------------------------------------------------------------------------
 // Refusals: at the key, before anything is written.
-
-std::string refusal(const std::string& yaml, const std::string& dir) {
-  const Experiment e = load_yaml(yaml);
-  Diagnostics d;
-  hf::ExportReport rep;
-  EXPECT_FALSE(hf::export_folder(e, params_of(e.model), dir, &d, &rep));
-  EXPECT_FALSE(fs::exists(dir)) << "a refused export wrote " << dir;
-  return d.str();
-}
 
 void expect_nothing_beside(const std::string& root) {
   for (const auto& f : fs::directory_iterator(root)) ADD_FAILURE() << "left behind: " << f.path();

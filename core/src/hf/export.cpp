@@ -130,7 +130,9 @@ bool plan_export(const Experiment& exp, Diagnostics* d, Plan* plan) {
                                                           "; " + f + (f == "gpt2" ? " is causal" : " is not causal"));
   if (f != "gpt2" && m.arch != Arch::encoder) k.no("model.arch", "is decoder; " + f + " is an encoder");
   if (m.head.normalize && !(f == "bert" && m.head.kind == HeadKind::pool))
-    k.no("model.head.normalize", "L2 normalisation is written only for BERT (sentence-transformers' Normalize)");
+    k.no("model.head.normalize", "is true; only a pooling BERT can L2-normalise (sentence-transformers' Normalize), " +
+                                     std::string(m.head.kind == HeadKind::classifier ? "not a classifier"
+                                                                                     : "not " + f));
   if (m.head.norm && !(f == "ast" && m.head.kind == HeadKind::classifier))
     k.no("model.head.norm", "a pooled layer norm exists only in AST's classifier");
   if (m.head.kind == HeadKind::lm && m.head.transform != (f == "bert" || f == "esm"))
