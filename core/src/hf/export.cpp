@@ -5,11 +5,14 @@
 // assembled in a temporary sibling and renamed into place, so a failed export leaves nothing.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -291,7 +294,7 @@ bool plan_export(const Experiment& exp, Diagnostics* d, Plan* plan) {
 // ---------------------------------------------------------------------------------------------
 // The files.
 
-std::string g17(double v) {
+std::string fmt_value(double v) {
   std::ostringstream o;
   o.precision(9);
   o << v;
@@ -416,7 +419,7 @@ bool hf_tensors(const Experiment& exp, const Parameters& params, const Plan& p, 
         if (most != 0) {
           const std::string key = s.name.rfind("head.", 0) == 0 ? "model.head" : "model.bias";
           d->add(exp.where(key), key,
-                 "tessera export --hf: parameter " + s.name + " has values up to " + g17(most) + ", but " +
+                 "tessera export --hf: parameter " + s.name + " has values up to " + fmt_value(most) + ", but " +
                      p.hf_class + " has no such tensor (" + en.why + "); it would be lost",
                  "train with that bias frozen at zero (train.freeze), or keep Tessera's own weights file");
           ok = false;
@@ -428,8 +431,7 @@ bool hf_tensors(const Experiment& exp, const Parameters& params, const Plan& p, 
   for (auto& [name, parts] : fused) {  // (in, n) blocks side by side, or (n) vectors end to end
     const Shape& s = parts[0].shape();
     const int64_t n = s[s.rank() - 1];
-    Shape whole = s;
-    whole = s.rank() == 2 ? Shape{s[0], n * static_cast<int64_t>(parts.size())} : Shape{n * static_cast<int64_t>(parts.size())};
+    const Shape whole = s.rank() == 2 ? Shape{s[0], n * static_cast<int64_t>(parts.size())} : Shape{n * static_cast<int64_t>(parts.size())};
     Tensor w = Tensor::empty(whole);
     for (size_t i = 0; i < parts.size(); ++i)
       w.slice(whole.rank() - 1, static_cast<int64_t>(i) * n, static_cast<int64_t>(i + 1) * n).copy_from(parts[i]);
@@ -614,7 +616,8 @@ bool export_folder(const Experiment& exp, const Parameters& params, const std::s
   if (!plan_export(exp, diags, &plan)) return false;
   std::vector<std::pair<std::string, Tensor>> tensors;
   if (!hf_tensors(exp, params, plan, diags, &tensors)) return false;
-  const fs::path dir = fs::path(dir_in).lexically_normal();
+  fs::path dir = fs::path(dir_in).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // "out/" names the folder "out"
   const Location here{dir.string(), 0, 0};
   std::error_code ec;
   if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
