@@ -449,5 +449,22 @@ TEST(HfExport, ABiasTheClassLacksMustBeZeroAndAnExistingFolderIsKept) {
   fs::remove_all(root);
 }
 
+TEST(HfExport, AnExportThatFailsHalfWayLeavesNothing) {
+  const std::string root = scratch("half");
+  // The tokenizer file goes missing between load and export: config.json and model.safetensors
+  // are written by then, in the scratch folder, which goes.
+  fs::copy_file(kHf + "bert/model/vocab.txt", root + "/vocab.txt");
+  const Experiment e = load_yaml(
+      "plugins:\n  - name: text\n    options: {tokenizer: wordpiece, vocab: " + root + "/vocab.txt}\n"
+      "model:\n  d_model: 32\n  n_heads: 4\n  norm: post\n  positions: {kind: learned, max_len: 16}\n"
+      "  stem: {kind: tokens, vocab_size: 2056, token_types: 2, norm: true}\n");
+  fs::remove(root + "/vocab.txt");
+  Diagnostics d;
+  EXPECT_FALSE(hf::export_folder(e, params_of(e.model), root + "/out", &d, nullptr));
+  EXPECT_NE(d.str().find("vocab.txt"), std::string::npos) << d.str();
+  expect_nothing_beside(root);
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace tessera
