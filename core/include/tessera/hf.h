@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "tessera/config.h"
+#include "tessera/parameters.h"
 
 namespace tessera::hf {
 
@@ -63,6 +64,45 @@ struct Folder {
 
 std::optional<Folder> import_folder(const std::string& dir, const ImportOptions& options, const Location& where,
                                     Diagnostics* diags);
+
+// ---------------------------------------------------------------------------------------------
+// Export (`tessera export EXP.yaml --hf DIR`): the inverse of import_folder.
+//
+//   Diagnostics diags;
+//   hf::ExportReport rep;
+//   if (!hf::export_folder(exp, params, "out/my-bert", &diags, &rep)) fputs(diags.str().c_str(), stderr);
+//
+// Writes exp.model with `params` (the parameters it asks for, e.g. Parameters::resolve or a
+// training run's best.safetensors) as a Hugging Face folder that transformers loads: config.json,
+// model.safetensors (F32, the class's tensor names and layouts, the table import_folder reads) and
+// the family's tokenizer or preprocessor files. The family is the one the model came from
+// (model.from: hf), else the one its architecture matches: a decoder is gpt2; an encoder with a
+// features stem is ast with a distillation row, else vit; one with a tokens stem is esm with rotary
+// positions, else bert. The class follows the head: bert BertModel (pool, none; sentence-transformers'
+// modules.json for mean or last pooling and L2 normalisation), BertForSequenceClassification,
+// BertForMaskedLM; gpt2 GPT2LMHeadModel; vit ViTModel, ViTForImageClassification; esm EsmModel (mean
+// pool), EsmForMaskedLM; ast ASTModel, ASTForAudioClassification. Tokenizer files: those of the
+// source folder (model.from: hf), else what the experiment's plugin maps to (a WordPiece vocab.txt for
+// bert, BPE vocab.json and merges.txt for gpt2, ESM-2's alphabet, the image or audio plugin's
+// settings as preprocessor_config.json); a tokenizer that has no Hugging Face equivalent is noted.
+//
+// Every setting the family cannot represent (pre-LN in a BERT, mean pooling in a ViT, sinusoidal
+// positions, a nonzero bias the class lacks, ...) is reported at its config key (exp.where) before
+// anything is written; then false. The folder is assembled in a scratch folder beside `dir` and
+// renamed into place, so a failed export leaves nothing; `dir` must not exist (or be empty).
+struct ExportReport {
+  std::string family;               // bert, gpt2, vit, esm, ast
+  std::string hf_class;             // architectures[0]
+  size_t tensors = 0;               // in model.safetensors
+  std::vector<std::string> files;   // written, relative to the folder
+  std::vector<std::string> notes;   // what could not be written (a tokenizer without an equivalent)
+};
+
+bool export_folder(const Experiment& exp, const Parameters& params, const std::string& dir, Diagnostics* diags,
+                   ExportReport* report);
+
+// The family export_folder writes `m` as (before checking that it fits).
+std::string export_family(const ModelConfig& m);
 
 // "bert, gpt2, vit, esm, ast"
 const std::vector<std::string>& known_families();

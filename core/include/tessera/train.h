@@ -119,6 +119,12 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
 // `data` (with `labels` for an IDX set: evaluated whole), train.test_data when `test`, or the
 // validation set exactly as training held it out (train.validation_data, or the same seeded share
 // of the items, or the last share of an LM's stream).
+// A weights file (Parameters::save: a training run's best.safetensors, a checkpoint's
+// weights.safetensors, `tessera export`) as owned f32 parameters of the model `cfg` describes:
+// exactly the tensors it asks for, each shape checked. What `tessera eval --weights` and
+// `tessera export --weights` read.
+Result<Parameters> load_weights(const std::string& path, const ModelConfig& cfg);
+
 struct EvalOptions {
   std::string weights;       // a weights file (best.safetensors, checkpoints/step-N/weights.safetensors)
   std::string data, labels;  // another data set, and its IDX labels file

@@ -16,6 +16,7 @@
 #include "tessera/hf.h"
 #include "tessera/model.h"
 #include "tessera/safetensors.h"
+#include "mapping.h"
 
 namespace tessera::hf {
 
@@ -223,44 +224,13 @@ bool open_weights(Ctx& c, Store* s) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Mapping: one entry per Tessera parameter.
-
-enum class Op {
-  same,      // the tensor as stored (tables; GPT-2's Conv1D (in, out) weights)
-  linear,    // nn.Linear (out, in) -> (in, out), a transposed view
-  split,     // part `part` of `parts` equal column blocks of a fused (in, parts·out) matrix or bias
-  patch,     // Conv2d (C, ch, p, p) -> (ch·p·p, C): the image plugin's patch rows, flattened alike
-  squeeze,   // (1, 1, C) or (1, N, C) -> (C) or (N, C)
-  pos_grid,  // ViT positions (1, 1 + g·g, C), resized to the requested grid
-  zeros,     // not in the checkpoint (a bias the class does not have): zeros
-};
-
-struct Entry {
-  std::string hf;
-  Op op = Op::same;
-  int part = 0, parts = 1;
-  Shape hf_shape;    // patch, squeeze, pos_grid: the shape Hugging Face stores
-  std::string why;   // zeros: why the checkpoint has no such tensor
-};
+// Mapping: one entry per Tessera parameter (mapping.h), applied to the checkpoint's tensors.
 
 struct Grid {  // pos_grid
   int64_t g0 = 0;         // side of the checkpoint's square grid
   int64_t gh = 0, gw = 0;  // the requested grid
   double scale_h = 1, scale_w = 1;
 };
-
-Shape expected_hf_shape(const Entry& e, const Shape& s) {
-  switch (e.op) {
-    case Op::same: return s;
-    case Op::linear: return s.rank() == 2 ? Shape{s[1], s[0]} : s;
-    case Op::split: return s.rank() == 2 ? Shape{s[0], s[1] * e.parts} : Shape{s[0] * e.parts};
-    case Op::patch:
-    case Op::squeeze:
-    case Op::pos_grid: return e.hf_shape;
-    case Op::zeros: return s;
-  }
-  return s;
-}
 
 // Reads a tensor under `name` or, for old BERT checkpoints, LayerNorm.gamma/beta.
 std::string resolve_name(const Store& st, const std::string& name) {
@@ -331,12 +301,6 @@ int64_t num_labels(const json& cfg, const Json& J) {
   if (it != cfg.end() && it->is_object() && !it->empty()) return static_cast<int64_t>(it->size());
   return J.i("num_labels", 2);
 }
-
-// ESM-2's 33 tokens in id order: the vocab.txt of every esm2_* checkpoint, and the protein
-// plugin's alphabet (plugins/protein/esm_alphabet.h).
-const std::vector<std::string> kEsm2Alphabet = {
-    "<cls>", "<pad>", "<eos>", "<unk>", "L", "A", "G", "V", "S", "E", "R", "T", "I", "D", "P", "K", "Q",
-    "N",     "F",     "Y",     "M",     "H", "W", "C", "X", "B", "U", "Z", "O", ".", "-", "<null_1>", "<mask>"};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -440,10 +404,10 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
   m.family = type;
   m.name = fs::path(c.dir).filename().string();
   m.weights.allow_missing = false;
-  std::map<std::string, Entry> map;  // Tessera parameter -> where it comes from
   std::set<std::string> ignorable;   // tensors Tessera knowingly leaves out
   std::vector<std::string> ignorable_prefixes;
   Grid grid;
+  Layout layout;  // how this checkpoint names and lays out the tensors (mapping.h)
   auto& po = out.plugin_options;
   auto tok_file = [&](const std::string& name, const std::string& why) -> std::string {
     if (!c.has(name)) {
@@ -454,59 +418,20 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     return c.at(name);
   };
   // The prefix the checkpoint's class puts before the base model's names.
-  auto base_prefix = [&](const std::string& prefix, const std::string& probe) {
-    return has_tensor(probe) ? std::string() : has_tensor(prefix + probe) ? prefix : std::string();
+  auto base_prefix = [&](const std::string& probe) {
+    const std::string prefix = task_prefix(type);
+    layout.prefix = has_tensor(probe) ? std::string() : has_tensor(prefix + probe) ? prefix : std::string();
+    return layout.prefix;
   };
 
   const int64_t C = J.i("hidden_size", type == "gpt2" ? std::optional<int64_t>(J.i("n_embd")) : std::nullopt);
-  auto layer_entries = [&](const std::string& e, int64_t l, const char* q, const char* k, const char* v,
-                           const char* o, const char* ln1, const char* ffn1, const char* ffn2, const char* ln2,
-                           bool qkv_bias = true) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
-    const std::pair<const char*, const char*> qkv[] = {{"q", q}, {"k", k}, {"v", v}};
-    for (const auto& [t, h] : qkv) {
-      map[b + "attn.w_" + t] = {e + h + ".weight", Op::linear};
-      map[b + "attn.b_" + t] =
-          qkv_bias ? Entry{e + h + ".bias", Op::same} : Entry{"", Op::zeros, 0, 1, {}, "qkv_bias: false"};
-    }
-    map[b + "attn.w_o"] = {e + o + ".weight", Op::linear};
-    map[b + "attn.b_o"] = {e + o + ".bias"};
-    map[b + "ln1.gamma"] = {e + ln1 + ".weight"};
-    map[b + "ln1.beta"] = {e + ln1 + ".bias"};
-    map[b + "ffn.w1"] = {e + ffn1 + ".weight", Op::linear};
-    map[b + "ffn.b1"] = {e + ffn1 + ".bias"};
-    map[b + "ffn.w2"] = {e + ffn2 + ".weight", Op::linear};
-    map[b + "ffn.b2"] = {e + ffn2 + ".bias"};
-    map[b + "ln2.gamma"] = {e + ln2 + ".weight"};
-    map[b + "ln2.beta"] = {e + ln2 + ".bias"};
-  };
-  // An LM head's projection to the vocabulary: through the token table when config.json's
-  // tie_word_embeddings is true (its default; transformers then ties `decoder`, so a copy in the
-  // file is not read), else the checkpoint's own (V, C) `decoder` matrix. `bias`: the head's
-  // vocabulary bias, "" when the class has none. An untied Tessera head has a bias whenever
-  // model.bias, which every family here sets: zeros where the class has none (GPT-2's lm_head).
-  auto lm_projection = [&](const std::string& decoder, const std::string& bias, const std::string& no_bias_why) {
+  // An LM head: tied to the token table when config.json's tie_word_embeddings is true (its
+  // default; transformers then ties the decoder, so a copy in the file is not read). `bias`:
+  // whether the class has a vocabulary bias.
+  auto lm_head = [&](bool bias) {
     m.head.kind = HeadKind::lm;
     m.head.tied = J.b("tie_word_embeddings", true);
-    if (m.head.tied) {
-      ignorable.insert(decoder);
-      m.head.lm_bias = !bias.empty();
-    } else {
-      map["head.lm"] = {decoder, Op::linear};
-    }
-    if (!bias.empty()) map["head.lm_bias"] = {bias};
-    else if (!m.head.tied) map["head.lm_bias"] = {"", Op::zeros, 0, 1, {}, no_bias_why};
-  };
-  // BERT's and ESM-2's masked-LM head: dense, activation, layer norm, the vocabulary projection
-  // (tied or not), a bias.
-  auto masked_lm_head = [&](const std::string& dense, const std::string& norm, const std::string& decoder,
-                            const std::string& bias) {
-    m.head.transform = true;
-    map["head.transform.w"] = {dense + ".weight", Op::linear};
-    map["head.transform.b"] = {dense + ".bias"};
-    map["head.transform.gamma"] = {norm + ".weight"};
-    map["head.transform.beta"] = {norm + ".bias"};
-    lm_projection(decoder, bias, "");
+    if (m.head.tied) m.head.lm_bias = bias;
   };
   auto common = [&](NormPlacement norm, const char* eps_key, double eps_default) {
     m.d_model = C;
@@ -529,7 +454,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
   bool ok = true;
   if (type == "bert") {
     ok = common(NormPlacement::post, "layer_norm_eps", 1e-12);
-    const std::string p = base_prefix("bert.", "embeddings.word_embeddings.weight");
+    const std::string p = base_prefix("embeddings.word_embeddings.weight");
     if (J.s("position_embedding_type", "absolute") != "absolute")
       c.err(cfg_path + ": position_embedding_type \"" + J.s("position_embedding_type", "") +
             "\" is not implemented (Tessera's BERT has absolute positions)");
@@ -543,15 +468,6 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     m.stem.vocab_size = J.i("vocab_size");
     m.stem.token_types = J.i("type_vocab_size", 2);
     m.stem.norm = true;
-    map["stem.embed"] = {p + "embeddings.word_embeddings.weight"};
-    map["stem.type_embed"] = {p + "embeddings.token_type_embeddings.weight"};
-    map["pos.table"] = {p + "embeddings.position_embeddings.weight"};
-    map["stem.norm.gamma"] = {p + "embeddings.LayerNorm.weight"};
-    map["stem.norm.beta"] = {p + "embeddings.LayerNorm.bias"};
-    for (int64_t l = 0; l < m.n_layers && ok; ++l)
-      layer_entries(p + "encoder.layer." + std::to_string(l) + ".", l, "attention.self.query", "attention.self.key",
-                    "attention.self.value", "attention.output.dense", "attention.output.LayerNorm",
-                    "intermediate.dense", "output.dense", "output.LayerNorm");
     // decoder.bias is cls.predictions.bias (one shared tensor), saved under either name or both.
     ignorable = {p + "embeddings.position_ids", "cls.predictions.decoder.bias"};
     // The head: a classifier, a masked-LM head, sentence-transformers' pooling, or the CLS pooler.
@@ -562,11 +478,9 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       m.head.labels = labels_of(cfg, m.head.n_classes);
       m.head.pool = PoolKind::cls;
       m.head.pooler = true;
-      map["head.w"] = {"classifier.weight", Op::linear};
-      map["head.b"] = {"classifier.bias"};
     } else if (has_tensor("cls.predictions.bias")) {
-      masked_lm_head("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-                     "cls.predictions.decoder.weight", "cls.predictions.bias");
+      m.head.transform = true;
+      lm_head(true);
     } else {
       m.head.kind = HeadKind::pool;
       m.head.pool = PoolKind::cls;
@@ -610,10 +524,6 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
         out.notes.push_back("the checkpoint's CLS pooler (pooler.dense) is not used");
       }
     }
-    if (m.head.pooler) {
-      map["head.pooler.w"] = {p + "pooler.dense.weight", Op::linear};
-      map["head.pooler.b"] = {p + "pooler.dense.bias"};
-    }
     ignorable_prefixes.push_back("cls.seq_relationship.");
     // The text plugin: WordPiece over vocab.txt, cased or not as the tokenizer says.
     out.plugin = "text";
@@ -639,7 +549,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     po.emplace_back("max_length", std::to_string(max_len));
   } else if (type == "gpt2") {
     ok = common(NormPlacement::pre, "layer_norm_epsilon", 1e-5);
-    const std::string p = base_prefix("transformer.", "wte.weight");
+    const std::string p = base_prefix("wte.weight");
     if (J.b("scale_attn_by_inverse_layer_idx", false))
       c.err(cfg_path + ": scale_attn_by_inverse_layer_idx is not implemented");
     if (!J.b("scale_attn_weights", true)) c.err(cfg_path + ": scale_attn_weights false is not implemented");
@@ -653,32 +563,12 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     m.positions.max_len = J.i("n_positions", 1024);
     m.stem.kind = StemKind::tokens;
     m.stem.vocab_size = J.i("vocab_size");
-    map["stem.embed"] = {p + "wte.weight"};
-    map["pos.table"] = {p + "wpe.weight"};
     for (int64_t l = 0; l < m.n_layers && ok; ++l) {
       const std::string e = p + "h." + std::to_string(l) + ".";
-      const std::string b = "blocks." + std::to_string(l) + ".";
-      const char* qkv[] = {"q", "k", "v"};
-      for (int i = 0; i < 3; ++i) {
-        map[b + "attn.w_" + qkv[i]] = {e + "attn.c_attn.weight", Op::split, i, 3};
-        map[b + "attn.b_" + qkv[i]] = {e + "attn.c_attn.bias", Op::split, i, 3};
-      }
-      map[b + "attn.w_o"] = {e + "attn.c_proj.weight"};
-      map[b + "attn.b_o"] = {e + "attn.c_proj.bias"};
-      map[b + "ln1.gamma"] = {e + "ln_1.weight"};
-      map[b + "ln1.beta"] = {e + "ln_1.bias"};
-      map[b + "ffn.w1"] = {e + "mlp.c_fc.weight"};
-      map[b + "ffn.b1"] = {e + "mlp.c_fc.bias"};
-      map[b + "ffn.w2"] = {e + "mlp.c_proj.weight"};
-      map[b + "ffn.b2"] = {e + "mlp.c_proj.bias"};
-      map[b + "ln2.gamma"] = {e + "ln_2.weight"};
-      map[b + "ln2.beta"] = {e + "ln_2.bias"};
       ignorable.insert(e + "attn.bias");  // the causal mask buffer of older checkpoints
       ignorable.insert(e + "attn.masked_bias");
     }
-    map["final_norm.gamma"] = {p + "ln_f.weight"};
-    map["final_norm.beta"] = {p + "ln_f.bias"};
-    lm_projection("lm_head.weight", "", "GPT-2's lm_head has no bias");
+    lm_head(false);
     out.plugin = "text";
     po.emplace_back("tokenizer", "bpe");
     const std::string v = tok_file("vocab.json", "GPT-2's byte-level BPE vocabulary the text plugin reads");
@@ -690,7 +580,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
 
   if (type == "vit") {
     ok = common(NormPlacement::pre, "layer_norm_eps", 1e-12);
-    const std::string p = base_prefix("vit.", "embeddings.patch_embeddings.projection.weight");
+    const std::string p = base_prefix("embeddings.patch_embeddings.projection.weight");
     ok = activation_of(c, cfg_path, "hidden_act", J.s("hidden_act", "gelu"), &m.activation) && ok;
     const int64_t img = J.i("image_size", 224), patch = J.i("patch_size", 16), ch = J.i("num_channels", 3);
     if (patch <= 0 || img <= 0 || img % patch != 0) {
@@ -720,32 +610,20 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     m.stem.kind = StemKind::features;
     m.stem.n_features = ch * patch * patch;
     m.stem.cls = true;
-    map["stem.proj"] = {p + "embeddings.patch_embeddings.projection.weight", Op::patch, 0, 1, Shape{C, ch, patch, patch}};
-    map["stem.proj_bias"] = {p + "embeddings.patch_embeddings.projection.bias"};
-    map["stem.cls"] = {p + "embeddings.cls_token", Op::squeeze, 0, 1, Shape{1, 1, C}};
-    map["pos.table"] = {p + "embeddings.position_embeddings", Op::pos_grid, 0, 1, Shape{1, 1 + grid.g0 * grid.g0, C}};
-    const bool qkv_bias = J.b("qkv_bias", true);
-    for (int64_t l = 0; l < m.n_layers && ok; ++l)
-      layer_entries(p + "encoder.layer." + std::to_string(l) + ".", l, "attention.attention.query",
-                    "attention.attention.key", "attention.attention.value", "attention.output.dense",
-                    "layernorm_before", "intermediate.dense", "output.dense", "layernorm_after", qkv_bias);
-    map["final_norm.gamma"] = {p + "layernorm.weight"};
-    map["final_norm.beta"] = {p + "layernorm.bias"};
+    layout.qkv_bias = J.b("qkv_bias", true);
+    layout.channels = ch;
+    layout.grid = grid.g0;
     m.head.pool = PoolKind::cls;
     if (has_tensor("classifier.weight")) {
       m.head.kind = HeadKind::classifier;
       m.head.n_classes = num_labels(cfg, J);
       m.head.labels = labels_of(cfg, m.head.n_classes);
-      map["head.w"] = {"classifier.weight", Op::linear};
-      map["head.b"] = {"classifier.bias"};
     } else {
       m.head.kind = HeadKind::pool;
     }
     if (has_tensor(p + "pooler.dense.weight")) {
       if (m.head.kind == HeadKind::pool) {
         m.head.pooler = true;
-        map["head.pooler.w"] = {p + "pooler.dense.weight", Op::linear};
-        map["head.pooler.b"] = {p + "pooler.dense.bias"};
       } else {
         ignorable.insert(p + "pooler.dense.weight");
         ignorable.insert(p + "pooler.dense.bias");
@@ -802,7 +680,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
 
   if (type == "esm") {
     ok = common(NormPlacement::pre, "layer_norm_eps", 1e-12);
-    const std::string p = base_prefix("esm.", "embeddings.word_embeddings.weight");
+    const std::string p = base_prefix("embeddings.word_embeddings.weight");
     m.activation = Activation::gelu_erf;  // ESM's feed-forward and LM head use erf GELU whatever hidden_act says
     if (J.s("position_embedding_type", "absolute") != "rotary")
       c.err(cfg_path + ": position_embedding_type \"" + J.s("position_embedding_type", "absolute") +
@@ -820,17 +698,8 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     m.stem.token_dropout = J.b("token_dropout", false);
     m.stem.mask_id = J.i("mask_token_id", 32);
     m.stem.norm = J.b("emb_layer_norm_before", false);
-    map["stem.embed"] = {p + "embeddings.word_embeddings.weight"};
-    map["stem.norm.gamma"] = {p + "embeddings.layer_norm.weight"};
-    map["stem.norm.beta"] = {p + "embeddings.layer_norm.bias"};
-    for (int64_t l = 0; l < m.n_layers && ok; ++l) {
-      const std::string e = p + "encoder.layer." + std::to_string(l) + ".";
-      layer_entries(e, l, "attention.self.query", "attention.self.key", "attention.self.value",
-                    "attention.output.dense", "attention.LayerNorm", "intermediate.dense", "output.dense", "LayerNorm");
-      ignorable.insert(e + "attention.self.rotary_embeddings.inv_freq");
-    }
-    map["final_norm.gamma"] = {p + "encoder.emb_layer_norm_after.weight"};
-    map["final_norm.beta"] = {p + "encoder.emb_layer_norm_after.bias"};
+    for (int64_t l = 0; l < m.n_layers && ok; ++l)
+      ignorable.insert(p + "encoder.layer." + std::to_string(l) + ".attention.self.rotary_embeddings.inv_freq");
     ignorable.insert(p + "embeddings.position_ids");
     ignorable.insert(p + "embeddings.position_embeddings.weight");  // made even for rotary models, never used
     if (has_prefix(p + "contact_head.")) {
@@ -838,7 +707,8 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       out.notes.push_back("contact_head is not used; export attention maps (task.attention) instead");
     }
     if (has_tensor("lm_head.bias")) {
-      masked_lm_head("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder.weight", "lm_head.bias");
+      m.head.transform = true;
+      lm_head(true);
     } else {
       m.head.kind = HeadKind::pool;
       m.head.pool = PoolKind::mean;
@@ -863,10 +733,10 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       if (static_cast<int64_t>(tokens.size()) != m.stem.vocab_size)
         c.err(vocab + ": " + std::to_string(tokens.size()) + " tokens, but config.json's vocab_size is " +
               std::to_string(m.stem.vocab_size) + " (the protein plugin gives ESM-2's 33-token alphabet)");
-      for (size_t i = 0; i < tokens.size() && i < kEsm2Alphabet.size(); ++i)
-        if (tokens[i] != kEsm2Alphabet[i]) {
+      for (size_t i = 0; i < tokens.size() && i < esm2_alphabet().size(); ++i)
+        if (tokens[i] != esm2_alphabet()[i]) {
           c.err(vocab + ": token " + std::to_string(i) + " is \"" + tokens[i] + "\" where ESM-2's alphabet has \"" +
-                    kEsm2Alphabet[i] + "\"",
+                    esm2_alphabet()[i] + "\"",
                 "the protein plugin gives ESM-2's ids (<cls> <pad> <eos> <unk> L A G V ...); a model with another "
                 "vocabulary needs its own tokenizer");
           break;
@@ -876,7 +746,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
 
   if (type == "ast") {
     ok = common(NormPlacement::pre, "layer_norm_eps", 1e-12);
-    const std::string p = base_prefix("audio_spectrogram_transformer.", "embeddings.patch_embeddings.projection.weight");
+    const std::string p = base_prefix("embeddings.patch_embeddings.projection.weight");
     ok = activation_of(c, cfg_path, "hidden_act", J.s("hidden_act", "gelu"), &m.activation) && ok;
     const int64_t patch = J.i("patch_size", 16), fs_ = J.i("frequency_stride", 10), ts = J.i("time_stride", 10);
     const int64_t mels = J.i("num_mel_bins", 128), frames = J.i("max_length", 1024);
@@ -896,27 +766,13 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     m.stem.n_features = patch * patch;
     m.stem.cls = true;
     m.stem.dist = true;
-    map["stem.proj"] = {p + "embeddings.patch_embeddings.projection.weight", Op::patch, 0, 1, Shape{C, 1, patch, patch}};
-    map["stem.proj_bias"] = {p + "embeddings.patch_embeddings.projection.bias"};
-    map["stem.cls"] = {p + "embeddings.cls_token", Op::squeeze, 0, 1, Shape{1, 1, C}};
-    map["stem.dist"] = {p + "embeddings.distillation_token", Op::squeeze, 0, 1, Shape{1, 1, C}};
-    map["pos.table"] = {p + "embeddings.position_embeddings", Op::squeeze, 0, 1, Shape{1, fp * tp + 2, C}};
-    for (int64_t l = 0; l < m.n_layers && ok; ++l)
-      layer_entries(p + "encoder.layer." + std::to_string(l) + ".", l, "attention.attention.query",
-                    "attention.attention.key", "attention.attention.value", "attention.output.dense",
-                    "layernorm_before", "intermediate.dense", "output.dense", "layernorm_after", J.b("qkv_bias", true));
-    map["final_norm.gamma"] = {p + "layernorm.weight"};
-    map["final_norm.beta"] = {p + "layernorm.bias"};
+    layout.qkv_bias = J.b("qkv_bias", true);
     m.head.pool = PoolKind::cls_dist;
     if (has_tensor("classifier.dense.weight")) {
       m.head.kind = HeadKind::classifier;
       m.head.n_classes = num_labels(cfg, J);
       m.head.labels = labels_of(cfg, m.head.n_classes);
       m.head.norm = true;
-      map["head.norm.gamma"] = {"classifier.layernorm.weight"};
-      map["head.norm.beta"] = {"classifier.layernorm.bias"};
-      map["head.w"] = {"classifier.dense.weight", Op::linear};
-      map["head.b"] = {"classifier.dense.bias"};
     } else {
       m.head.kind = HeadKind::pool;
     }
@@ -951,6 +807,9 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     }
   }
   if (!ok || C <= 0) return std::nullopt;
+  const TensorMap tmap = tensor_map(type, m, layout);
+  const std::map<std::string, Entry>& map = tmap.entries;
+  if (m.head.kind == HeadKind::lm && m.head.tied) ignorable.insert(tmap.tied_decoder);
 
   // Every parameter from its entry, each shape checked; then whatever the checkpoint has left over.
   const std::string shape_hint =

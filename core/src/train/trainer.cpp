@@ -360,19 +360,6 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
   return r;
 }
 
-// A weights file written by Parameters::save, as owned f32 parameters of the model.
-Result<Parameters> load_weights(const std::string& path, const ModelConfig& c) {
-  TSR_ASSIGN_OR_RETURN(safetensors::File f, safetensors::File::open(path));
-  std::vector<Parameters::Entry> entries;
-  for (const ParamSpec& s : parameter_specs(c)) {
-    TSR_ASSIGN_OR_RETURN(Tensor t, f.get(s.name));
-    entries.emplace_back(s.name, t);
-  }
-  Parameters p(std::move(entries));
-  TSR_RETURN_IF_ERROR(p.check(c));
-  return p.clone();
-}
-
 json eval_json(const EvalResult& e) {
   json j = {{"loss", e.loss}, {"counted", e.counted}};
   if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
@@ -951,6 +938,20 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
 // `tessera eval`
 
 namespace tessera {
+
+// A weights file written by Parameters::save, as owned f32 parameters of the model.
+Result<Parameters> load_weights(const std::string& path, const ModelConfig& c) {
+  TSR_ASSIGN_OR_RETURN(safetensors::File f, safetensors::File::open(path));
+  std::vector<Parameters::Entry> entries;
+  for (const ParamSpec& s : parameter_specs(c)) {
+    TSR_ASSIGN_OR_RETURN(Tensor t, f.get(s.name));
+    entries.emplace_back(s.name, t);
+  }
+  Parameters p(std::move(entries));
+  TSR_RETURN_IF_ERROR(p.check(c));
+  return p.clone();
+}
+
 
 Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions& o) {
   const ModelConfig& c = exp.model;
