@@ -480,8 +480,11 @@ TEST(ModelDropout, SameMasksOnOneAndTwoThreads) {
     const Step fast2 = grads_of(k.c, params, b, with_dropout(0.25f, 7));
     EXPECT_TRUE(same_grads(one, two)) << k.name;
     EXPECT_NEAR(fast1.loss, fast2.loss, 1e-6 * std::fabs(fast1.loss)) << k.name;
+    double largest = 0;  // b_k's gradient is 0 in exact arithmetic: held to 1e-3 of the largest's scale
+    for (const auto& [name, g] : fast1.grads) largest = std::max(largest, max_abs(g));
     for (const auto& [name, g] : fast1.grads)
-      EXPECT_LE(max_abs_diff(fast2.grads.get(name), g), 1e-4 * std::max(max_abs(g), 1e-6)) << k.name << " " << name;
+      EXPECT_LE(max_abs_diff(fast2.grads.get(name), g), 1e-4 * std::max(max_abs(g), 1e-3 * largest))
+          << k.name << " " << name;
   }
 }
 
