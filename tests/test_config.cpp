@@ -1010,5 +1010,30 @@ TEST(Config, DocsMatchSchema) {
       << "docs/CONFIG.md is out of date; rerun this test with TESSERA_UPDATE_DOCS=1 to regenerate it";
 }
 
+// train.dropout: three probabilities in [0, 1), default 0; anything else names file:line:col and
+// the key. The mapping form only (a bare number is a type error naming the mapping it wants).
+TEST(Config, TrainDropout) {
+  const Experiment none = load_text_ok(kModel);
+  EXPECT_EQ(none.train.dropout.embedding, 0.0);
+  EXPECT_EQ(none.train.dropout.attention, 0.0);
+  EXPECT_EQ(none.train.dropout.residual, 0.0);
+  const Experiment e = load_text_ok(kModel + "train:\n  dropout: {embedding: 0.1, attention: 0.25, residual: 0}\n");
+  EXPECT_EQ(e.train.dropout.embedding, 0.1);
+  EXPECT_EQ(e.train.dropout.attention, 0.25);
+  EXPECT_EQ(e.train.dropout.residual, 0.0);
+  EXPECT_EQ(errors(kModel + "train:\n  dropout: {attention: 1}\n"),
+            "t.yaml:5:24: train.dropout.attention: must be in [0, 1), found 1");
+  EXPECT_EQ(errors(kModel + "train:\n  dropout:\n    embedding: -0.1\n    residual: 1.5\n"),
+            "t.yaml:6:16: train.dropout.embedding: must be in [0, 1), found -0.1\n"
+            "t.yaml:7:15: train.dropout.residual: must be in [0, 1), found 1.5");
+  EXPECT_EQ(errors(kModel + "train:\n  dropout: {residual: .nan}\n"),
+            "t.yaml:5:23: train.dropout.residual: must be a finite number, found .nan");
+  EXPECT_EQ(errors(kModel + "train:\n  dropout: {residual: lots}\n"),
+            "t.yaml:5:23: train.dropout.residual: expected float, found lots");
+  EXPECT_EQ(errors(kModel + "train:\n  dropout: {atention: 0.1}\n"),
+            "t.yaml:5:13: train.dropout.atention: unknown key (did you mean `attention`?)");
+  EXPECT_EQ(errors(kModel + "train:\n  dropout: 0.1\n"), "t.yaml:5:12: train.dropout: expected a mapping, found 0.1");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -29,6 +29,8 @@ using namespace tessera;
 namespace {
 
 const std::string kGradDir = std::string(TESSERA_TEST_DATA) + "/grad/";
+// The same models trained with train.dropout on (tools/reference/make_dropout_fixtures.py).
+const std::string kDropoutDir = std::string(TESSERA_TEST_DATA) + "/grad_dropout/";
 
 // ---------------------------------------------------------------------------------------------
 // The loader: one case of tests/data/grad (format in tests/data/grad/README.md).
@@ -38,6 +40,8 @@ struct GradFixture {
 
   std::string name;
   ModelConfig model;  // NAME.yaml's model, resolved by load_experiment
+  TrainConfig train;  // and its train section (grad_dropout: seed and dropout)
+  uint64_t dropout_step = 0, dropout_micro_batch = 0;  // grad_dropout: the counters the masks used
   Batch batch;        // ids / rows, lengths or segments, types, kinds, modality, roles
   int64_t extra = 0;  // rows the stem prepends (CLS, distillation): T' = T + extra
   std::vector<uint8_t> real;  // (B·T'): 1 where the row belongs to a sequence, 0 for padding
@@ -61,14 +65,15 @@ struct GradFixture {
   bool is_real(int64_t b, int64_t t) const { return real[static_cast<size_t>(b * hidden.dim(1) + t)] != 0; }
 };
 
-Result<GradFixture> load_grad_fixture(const std::string& name) {
+Result<GradFixture> load_grad_fixture(const std::string& name, const std::string& dir = kGradDir) {
   GradFixture f;
   f.name = name;
   Diagnostics diags;
-  const std::optional<Experiment> exp = load_experiment(kGradDir + name + ".yaml", {}, &diags);
+  const std::optional<Experiment> exp = load_experiment(dir + name + ".yaml", {}, &diags);
   if (!exp) return Status::Invalid(name + ".yaml: " + diags.str());
   f.model = exp->model;
-  auto io = safetensors::File::open(kGradDir + name + ".io.safetensors");
+  f.train = exp->train;
+  auto io = safetensors::File::open(dir + name + ".io.safetensors");
   if (!io.ok()) return io.status();
   auto get = [&](const std::string& key) -> Tensor {
     if (!io->find(key)) return Tensor();
@@ -100,6 +105,9 @@ Result<GradFixture> load_grad_fixture(const std::string& name) {
   const Tensor loss = get("loss");
   if (!f.hidden.defined() || !loss.defined()) return Status::Invalid(name + ".io.safetensors: no hidden or loss");
   f.loss = loss.data<float>()[0];
+  if (const Tensor t = get("dropout.step"); t.defined()) f.dropout_step = static_cast<uint64_t>(t.data<int32_t>()[0]);
+  if (const Tensor t = get("dropout.micro_batch"); t.defined())
+    f.dropout_micro_batch = static_cast<uint64_t>(t.data<int32_t>()[0]);
   for (const auto& info : io->tensors())
     if (info.name.rfind("grad.", 0) == 0) f.grads[info.name.substr(5)] = get(info.name);
 
@@ -260,8 +268,9 @@ TEST_P(GradFixturesCase, ForwardMatchesTorch) {
 // gradient instead.
 constexpr double kGradTol = 1e-4;
 
-TEST_P(GradFixturesCase, GradientsMatchAutograd) {
-  auto f = load_grad_fixture(GetParam());
+// Tessera's loss and gradients of a fixture (reference loops and fast path) against autograd's;
+// `dropout` as the fixture was made with.
+void expect_gradients_match(Result<GradFixture> f, const DropoutOptions& dropout) {
   ASSERT_TRUE(f.ok()) << f.status().message();
   auto resolved = Parameters::resolve(f->model);
   ASSERT_TRUE(resolved.ok()) << resolved.status().message();
@@ -278,6 +287,7 @@ TEST_P(GradFixturesCase, GradientsMatchAutograd) {
     Parameters grads = params.zeros_like();
     GradOptions opt;
     opt.reference = reference;
+    opt.dropout = dropout;
     Result<LossValue> r = compute_gradients(f->model, params, f->batch, targets, &grads, opt);
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_NEAR(r->loss, f->loss, kRelTol * std::max(1.0, std::fabs(static_cast<double>(f->loss))));
@@ -312,7 +322,48 @@ TEST_P(GradFixturesCase, GradientsMatchAutograd) {
   }
 }
 
+TEST_P(GradFixturesCase, GradientsMatchAutograd) { expect_gradients_match(load_grad_fixture(GetParam()), {}); }
+
 INSTANTIATE_TEST_SUITE_P(GradFixtures, GradFixturesCase, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param; });
+
+// Dropout (train.dropout at every site: embedding 0.1, attention 0.2, residual 0.3): PyTorch
+// computed the same models with masks it regenerated from the counter formula of
+// tessera/random.h, so these check the masks' bits, where each site sits, the 1 / (1 - p) scale
+// and every backward through them. Cases: gpt2 (pre-LN, causal: the fused kernel), bert (post-LN,
+// token types, stem.norm), relative (the materialised attention).
+const std::vector<std::string> kDropoutCases = {"gpt2", "bert", "relative"};
+
+class GradDropoutFixtures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GradDropoutFixtures, LossAndGradientsMatchAutogradWithTheSameMasks) {
+  Result<GradFixture> f = load_grad_fixture(GetParam(), kDropoutDir);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  DropoutOptions d;
+  d.embedding = static_cast<float>(f->train.dropout.embedding);
+  d.attention = static_cast<float>(f->train.dropout.attention);
+  d.residual = static_cast<float>(f->train.dropout.residual);
+  d.seed = static_cast<uint64_t>(f->train.seed);
+  d.step = f->dropout_step;
+  d.micro_batch = f->dropout_micro_batch;
+  ASSERT_GT(d.embedding * d.attention * d.residual, 0.f) << "the fixture must drop at every site";
+  expect_gradients_match(load_grad_fixture(GetParam(), kDropoutDir), d);
+  // Another step's masks give another loss: the comparison above is not of undropped models.
+  const Parameters params = Parameters::resolve(f->model)->clone();
+  Parameters grads = params.zeros_like();
+  Targets t;
+  t.tokens = f->targets;
+  t.labels = f->labels;
+  t.probe = f->probe;
+  GradOptions other;
+  other.dropout = d;
+  other.dropout.step = d.step + 1;
+  Result<LossValue> r = compute_gradients(f->model, params, f->batch, t, &grads, other);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(std::fabs(r->loss - f->loss), 1e-3 * std::max(1.0, std::fabs(static_cast<double>(f->loss))));
+}
+
+INSTANTIATE_TEST_SUITE_P(GradFixtures, GradDropoutFixtures, ::testing::ValuesIn(kDropoutCases),
                          [](const auto& info) { return info.param; });
 
 // What compute_gradients cannot use is refused with a message that says what to do.

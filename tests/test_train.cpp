@@ -366,6 +366,56 @@ TEST(TrainResume, ClassifyWithAccumulationKilledThreeTimesIsBitIdentical) {
   });
 }
 
+// Dropout at every site (train.dropout): the masks are keyed by (seed, step, micro-batch, layer,
+// site), so a killed run draws on resuming what the uninterrupted run drew.
+TEST(TrainResume, DropoutKilledThreeTimesIsBitIdentical) {
+  kill_resume_compare("resume_dropout", [](const std::string& d) {
+    const std::string data = corpus_file(d, 6000);
+    return load(lm_yaml(data, "max_steps: 12, batch_size: 8, accumulate: 2, seq_len: 32, lr: 0.01, eval_every: 3, "
+                              "log_every: 1, dropout: {embedding: 0.1, attention: 0.2, residual: 0.3}"),
+                d);
+  });
+}
+
+// Dropout acts in training's forward and backward only: the trainer's evaluations and
+// `tessera eval` score the same weights to the same figures with and without train.dropout.
+TEST(TrainDropout, ChangesTheTrainingLossButNeverAnEvaluation) {
+  const std::string d = temp_dir("dropout_eval");
+  const std::string data = classify_file(d, 10);
+  // lr 1e-30: every update moves a weight by about 1e-30 (AdamW's steps are about lr), far below
+  // an ulp of any activation it is added to, so both runs' evaluations compute the same figures
+  // from (nearly) the initial weights, while their training losses show the dropout.
+  auto exp = [&](bool dropout) {
+    return load(classify_yaml(data, std::string("max_steps: 6, batch_size: 8, lr: 1e-30, eval_every: 3, log_every: 1, "
+                                                "validation: 0.2") +
+                                        (dropout ? ", dropout: {embedding: 0.2, attention: 0.2, residual: 0.2}" : "")),
+                d);
+  };
+  const TrainSummary plain = train_ok(exp(false), options(d + "/plain"));
+  const TrainSummary dropped = train_ok(exp(true), options(d + "/dropout"));
+  const Lines p = lines_of(d + "/plain"), q = lines_of(d + "/dropout");
+  ASSERT_EQ(p.steps, q.steps);
+  for (int64_t step : p.steps) EXPECT_NE(p.loss.at(step), q.loss.at(step)) << "step " << step;
+  // The evaluations (metrics.jsonl's eval lines and the summary's best) are the same figures.
+  std::vector<json> pe, qe;
+  for (const json& j : metrics(d + "/plain"))
+    if (j.contains("eval")) pe.push_back(j["eval"]);
+  for (const json& j : metrics(d + "/dropout"))
+    if (j.contains("eval")) qe.push_back(j["eval"]);
+  ASSERT_EQ(pe.size(), 2u);
+  EXPECT_EQ(pe, qe);
+  EXPECT_EQ(plain.best.loss, dropped.best.loss);
+  EXPECT_EQ(plain.best.accuracy, dropped.best.accuracy);
+  // tessera eval on one weights file, with and without train.dropout.
+  EvalOptions eo;
+  eo.weights = d + "/dropout/checkpoints/step-000006/weights.safetensors";
+  Result<EvalReport> with = evaluate_experiment(exp(true), eo), without = evaluate_experiment(exp(false), eo);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_EQ(with->result.loss, without->result.loss);
+  EXPECT_EQ(with->result.accuracy, without->result.accuracy);
+  EXPECT_EQ(with->result.confusion, without->result.confusion);
+}
+
 // The slice's test accuracy that the recipe must reach (TrainRecipes below): measured 0.580
 // (macro-F1 0.594) with the committed settings, on AVX-512 and under ONEDNN_MAX_CPU_ISA=AVX2
 // alike; held at 0.40, well above chance (0.10) and the largest class's share.

@@ -126,6 +126,21 @@ Status check_add_shapes(const char* op, const Tensor& a, const Tensor& b, const 
   return Status::Ok();
 }
 
+Status check_dropout(const char* op, const Tensor& x, const DropoutMask& mask, const Tensor& y, bool allow_f64) {
+  TSR_RETURN_IF_ERROR(need_defined(op, "x", x));
+  TSR_RETURN_IF_ERROR(need_defined(op, "y", y));
+  const bool f64 = allow_f64 && x.dtype() == DType::f64;
+  if (!(x.dtype() == DType::f32 || f64) || y.dtype() != x.dtype())
+    return Status::Invalid(std::string(op) + ": x and y must be f32" + (allow_f64 ? " or f64" : "") + ", got " +
+                           x.describe() + " and " + y.describe());
+  if (x.shape() != y.shape())
+    return Status::Invalid(std::string(op) + ": output " + y.describe() + " does not match input " + x.describe());
+  if (!(mask.p >= 0.f && mask.p < 1.f))
+    return Status::Invalid(std::string(op) + ": the drop probability must be in [0, 1), got " +
+                           std::to_string(mask.p));
+  return Status::Ok();
+}
+
 Status check_split_heads(const char* op, const Tensor& x, int64_t n_heads, const Tensor& y) {
   TSR_RETURN_IF_ERROR(need_float(op, "x", x));
   TSR_RETURN_IF_ERROR(need_defined(op, "y", y));

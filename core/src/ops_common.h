@@ -18,6 +18,8 @@ Status check_layer_norm_shapes(const char* op, const Tensor& x, const Tensor& ga
                                const Tensor& beta, float eps, const Tensor& y);
 Status check_embedding(const char* op, const Tensor& table, const Tensor& ids, const Tensor& y);
 Status check_add_shapes(const char* op, const Tensor& a, const Tensor& b, const Tensor& y);
+// dropout: x and y of one shape, f32 (or f64 where allowed), p in [0, 1).
+Status check_dropout(const char* op, const Tensor& x, const DropoutMask& mask, const Tensor& y, bool allow_f64);
 Status check_split_heads(const char* op, const Tensor& x, int64_t n_heads, const Tensor& y);
 Status check_merge_heads(const char* op, const Tensor& x, const Tensor& y);
 Status check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

@@ -303,6 +303,11 @@ struct TrainConfig {
   double min_lr_ratio = 0.0;
   double clip_norm = 1.0;  // 0: no clipping
   double label_smoothing = 0.0;
+  // Dropout while training (inverted: kept values scaled by 1 / (1 - p)), each in [0, 1); the
+  // masks are keyed by (seed, step, micro-batch, layer, site). Evaluation never drops.
+  struct Dropout {
+    double embedding = 0.0, attention = 0.0, residual = 0.0;
+  } dropout;
   double validation = 0.1;       // share of the data held out (seeded), unless validation_data is given
   std::string validation_data;   // a dataset of its own for validation (same format rules as data.path)
   std::string test_data;         // evaluated once at the end, with the best checkpoint

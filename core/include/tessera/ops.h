@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "tessera/random.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
 
@@ -170,14 +171,23 @@ Status cross_entropy(const Tensor& logits, const Tensor& targets, float label_sm
 
 // Fused attention (ops::attention) that also keeps, for every query row, the log-sum-exp of its
 // masked, scaled scores: lse (B, H, T) f32 (-inf for a row with no key). Same outputs as attention.
+// With an active `dropout`, attention dropout: out = (P ⊙ M) · v, M_bhij = drop.factor(((b·H + h)·T
+// + i)·S + j) (0 or 1 / (1 - p)); lse stays the undropped softmax's.
 Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
-                       bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
+                       bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr,
+                       const DropoutMask* dropout = nullptr);
 // Its backward, recomputing the weights tile by tile from q, k and lse (FlashAttention-2), so the
 // memory stays O(T) as in the forward: dq (B, H, T, dk), dk (B, H, S, dk), dv (B, H, S, dv) are
 // written (they may be strided views, e.g. of one fused dQKV buffer). out and dout (B, H, T, dv).
+// `dropout` must be the forward's: its mask is regenerated tile by tile from the same counters.
 Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal = false,
-                          const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
+                          const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr,
+                          const DropoutMask* dropout = nullptr);
+
+// Inverted dropout: y[e] = x[e] · mask.factor(e), e the element's index in x's row-major order (f32).
+// It is its own backward: dx = dropout(dy) with the same mask. In place allowed (y is x).
+Status dropout(const Tensor& x, const DropoutMask& mask, Tensor& y);
 
 }  // namespace ops
 
@@ -215,10 +225,13 @@ Status cross_entropy(const Tensor& logits, const Tensor& targets, float label_sm
                      int64_t* counted, Tensor* dlogits = nullptr, float scale = 1.f);
 // Materialised: the (T, S) weights as a tensor, softmax backward on them.
 Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
-                       bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
+                       bool causal = false, const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr,
+                       const DropoutMask* dropout = nullptr);
 Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal = false,
-                          const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr);
+                          const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr,
+                          const DropoutMask* dropout = nullptr);
+Status dropout(const Tensor& x, const DropoutMask& mask, Tensor& y);  // f32 or f64
 }  // namespace ref
 
 }  // namespace tessera

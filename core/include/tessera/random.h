@@ -8,6 +8,7 @@
 //   w = rng.normal(0.0, sd, size=(rows, cols))          fill_normal(w, rng, 0.0, sd);
 //
 // Only what weight initialisation needs: no other distributions, no jumping, no spawning.
+// (Dropout's masks, at the end, are counter-based instead: no generator state at all.)
 // Not cryptographic. Thread-safety: one Rng per thread; it is a plain value, and a copy
 // continues the same stream independently of the original.
 #pragma once
@@ -64,5 +65,39 @@ bool parse_init_scheme(const std::string& name, InitScheme* out);
 // `normal` only. Draws exactly what the scheme's NumPy line draws from the same generator, in
 // row-major order; `zeros` and empty matrices draw nothing.
 void init_matrix(Tensor& w, InitScheme scheme, double std, Rng& rng);
+
+// ---- Dropout masks: counter-based, so a mask is a function of its counters and nothing else ----
+//
+//   DropoutMask m{dropout_key(seed, step, micro_batch, layer, site), 0.1f};
+//   y[e] = x[e] * m.factor(e)        // 0 (dropped) or 1 / (1 - p) (kept: inverted dropout)
+//
+// Element e's draw is the e-th output of SplitMix64 (Steele et al. 2014) started at the key:
+// u = fmix64(key + (e + 1) · 0x9e3779b97f4a7c15), and e is kept when u's high 32 bits are
+// >= floor(p · 2^32). The key is SplitMix64's finaliser chained over the counters. Nothing depends
+// on the order the elements are visited in, on threads or on earlier draws, so a backward pass
+// regenerates the forward's mask, and a resumed run the uninterrupted one's. Plain values; any
+// thread may use one. tools/reference/ regenerates the same masks in NumPy from this formula.
+inline uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// fmix64(fmix64(fmix64(fmix64(fmix64(seed) ^ step) ^ micro_batch) ^ layer) ^ site), fmix64 being
+// splitmix64_mix after adding the golden-ratio increment.
+uint64_t dropout_key(uint64_t seed, uint64_t step, uint64_t micro_batch, uint64_t layer, uint64_t site);
+
+struct DropoutMask {
+  uint64_t key = 0;
+  float p = 0.f;  // the drop probability, in [0, 1); 0: nothing is dropped
+  bool active() const { return p > 0.f; }
+  uint32_t threshold() const { return static_cast<uint32_t>(static_cast<double>(p) * 4294967296.0); }
+  float scale() const { return 1.f / (1.f - p); }
+  bool keep(uint64_t element, uint32_t threshold) const {
+    const uint64_t u = splitmix64_mix(key + (element + 1) * 0x9e3779b97f4a7c15ull);
+    return static_cast<uint32_t>(u >> 32) >= threshold;
+  }
+  bool keep(uint64_t element) const { return keep(element, threshold()); }
+  float factor(uint64_t element) const { return keep(element) ? scale() : 0.f; }
+};
 
 }  // namespace tessera

@@ -29,6 +29,7 @@
 #include "tessera/config.h"
 #include "tessera/model.h"
 #include "tessera/parameters.h"
+#include "tessera/random.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
 
@@ -41,8 +42,28 @@ struct Targets {
   float label_smoothing = 0.f;
 };
 
+// Dropout in the training forward and backward (train.dropout), and the counters its masks are
+// keyed by: each site's mask is DropoutMask{dropout_key(seed, step, micro_batch, layer, site), p}
+// (tessera/random.h), its elements indexed in row-major order of the tensor it multiplies. Inverted
+// dropout: kept values are scaled by 1 / (1 - p). Only compute_gradients drops; inference and
+// evaluation never do.
+enum class DropoutSite : uint64_t {
+  embedding = 0,      // the stem's output (B, T, C), after its sum of embeddings and positions (and stem.norm); layer 0
+  attention = 1,      // the attention weights (B, H, T, T) of block `layer`
+  attention_out = 2,  // the attention sub-layer's output (after W_O) before the residual add
+  ffn_out = 3,        // the FFN's output (after its second linear) before the residual add
+};
+struct DropoutOptions {
+  float embedding = 0.f, attention = 0.f, residual = 0.f;  // each in [0, 1); 0: off
+  uint64_t seed = 0;         // train.seed
+  uint64_t step = 0;         // the optimizer step (0-based)
+  uint64_t micro_batch = 0;  // the micro-batch within the step
+  DropoutMask mask(DropoutSite site, int64_t layer) const;  // p 0 where that site is off
+};
+
 struct GradOptions {
   bool reference = false;  // plain loops instead of oneDNN (forward and backward)
+  DropoutOptions dropout;  // none by default
   // Where the backward pass may stop when the parts below are not trained (train.freeze): it runs
   // through the head and the final norm, blocks n_layers-1 down to backward_first_block, and the
   // stem only when backward_stem. What it skips keeps its gradients in *grads as they were, and

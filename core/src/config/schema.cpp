@@ -1334,6 +1334,16 @@ void append_train_keys(std::vector<KeyRule>& r) {
                               "unigram, bigram: added to every count (add-k smoothing)", FIELD(train.add_k)));
   r.push_back(int_key("train.window", kAtLeastOne, "8", "proximity: how many preceding tokens are averaged",
                       FIELD(train.window)));
+  // A section of its own inside train: last, so that train's keys stay in one piece (to_yaml).
+  r.push_back(float_range_key("train.dropout.embedding", "in [0, 1)", +unit, "0",
+                              "dropout on the stem's output (embeddings and positions summed) while training",
+                              FIELD(train.dropout.embedding)));
+  r.push_back(float_range_key("train.dropout.attention", "in [0, 1)", +unit, "0",
+                              "dropout on the attention weights while training", FIELD(train.dropout.attention)));
+  r.push_back(float_range_key("train.dropout.residual", "in [0, 1)", +unit, "0",
+                              "dropout on each sub-layer's output (after W_O, after the FFN) before the residual "
+                              "add, while training",
+                              FIELD(train.dropout.residual)));
 }
 
 #undef FIELD

@@ -14,7 +14,14 @@
 //
 // The products of a tile are oneDNN's sgemm on the caller's strided views (no copy of Q, K, V or
 // their gradients), run single-threaded inside our OpenMP loops. The exponentials use glibc's
-// vector expf (libmvec) on AVX2 and std::exp elsewhere. Not here: the reference loops
+// vector expf (libmvec) on AVX2 and std::exp elsewhere.
+//
+// Attention dropout (training): the forward multiplies each tile's weights by the mask after the
+// online softmax has summed them (the normalisation is the undropped softmax's), so
+// O = (P ⊙ M) V; the backward regenerates M for each recomputed tile from the same counters
+// (DropoutMask: a hash of the weight's index ((b·H + h)·T + i)·S + j, no stored mask, memory still
+// O(T)): dV += (P ⊙ M)ᵀ dO, dP = (dO Vᵀ) ⊙ M, dS = P ⊙ (dP - D), where D = rowsum(dO ⊙ O) still
+// equals rowsum(P ⊙ dP) because O is the dropped output. Not here: the reference loops
 // (ref/ops_ref.cpp, ref/attention_ref_backward.cpp), masks made from a batch's layout
 // (model/attention.cpp), and attention weights for export (recomputed by the model).
 #include <immintrin.h>
@@ -202,11 +209,29 @@ void tile_cols(int64_t lo, int64_t hi, int64_t j0, int64_t C, int64_t* a, int64_
   *e = std::clamp(hi - j0, int64_t{0}, C);
 }
 
+// Attention dropout of one (batch, head): the mask and the index of its weight (0, 0).
+struct HeadDropout {
+  const DropoutMask* mask = nullptr;  // null: none
+  uint64_t base = 0;                  // ((b·H + h)·T)·S
+  int64_t S = 0;
+  // Rows [i0, i0 + R) × keys [j0, j0 + C) of a tile (ld C) multiplied by their mask factors.
+  void apply(float* p, int64_t i0, int64_t R, int64_t j0, int64_t C) const {
+    const uint32_t threshold = mask->threshold();
+    const float scale = mask->scale();
+    for (int64_t r = 0; r < R; ++r) {
+      const uint64_t row = base + static_cast<uint64_t>((i0 + r) * S + j0);
+      float* pr = p + r * C;
+      for (int64_t j = 0; j < C; ++j) pr[j] = mask->keep(row + static_cast<uint64_t>(j), threshold) ? pr[j] * scale : 0.f;
+    }
+  }
+};
+
 // One (batch, head, query block): rows [i0, i1) of q against every usable key block. With lse,
-// also the log-sum-exp of each row's scores (lse_stride apart).
+// also the log-sum-exp of each row's scores (lse_stride apart); with drop.mask, attention dropout.
 void attend_block(const float* Q, int64_t ldq, const float* K, int64_t ldk, const float* V, int64_t ldv,
                   float* out, int64_t ldo, float* lse, int64_t lse_stride, int64_t dk, int64_t dv,
-                  float scale, const KeyRange& kr, int64_t b, int64_t i0, int64_t i1, bool avx2) {
+                  float scale, const KeyRange& kr, int64_t b, int64_t i0, int64_t i1, bool avx2,
+                  const HeadDropout& drop) {
   const int64_t R = i1 - i0;
   Tiles& t = tls_tiles;
   t.reserve(kRows, kCols, dv, false);
@@ -237,6 +262,7 @@ void attend_block(const float* Q, int64_t ldq, const float* K, int64_t ldk, cons
         for (int64_t d = 0; d < dv; ++d) orow[d] *= alpha;
       }
     }
+    if (drop.mask) drop.apply(s, i0, R, j0, C);  // P ⊙ M; l above summed the undropped P
     // O += P V for this tile.
     dnnl_sgemm('N', 'N', R, dv, C, 1.f, s, C, V + j0 * ldv, ldv, 1.f, o, dv);
   }
@@ -267,6 +293,7 @@ struct BackwardHead {
   int64_t lse_stride;
   const float* delta;
   int64_t Dk, Dv;
+  HeadDropout drop;
 };
 
 // One tile of the backward: query rows [i0, i0 + R) (their key ranges lo, hi) against keys
@@ -288,12 +315,22 @@ void backward_tile(const BackwardHead& g, float scale, int64_t i0, int64_t R, co
     const float l = g.lse[(i0 + r) * g.lse_stride];
     (avx2 ? probs_row_avx2 : probs_row_scalar)(p + r * C, C, a, e, l);
   }
-  // dV += Pᵀ dO.
-  if (g.dv.p) dnnl_sgemm('T', 'N', C, g.Dv, R, 1.f, p, C, dO, g.dout.ld, 1.f, g.dv.row(j0), g.dv.ld);
-  // dP = dO Vᵀ, then dS = P ⊙ (dP - D).
-  dnnl_sgemm('N', 'T', R, C, g.Dv, 1.f, dO, g.dout.ld, g.v.row(j0), g.v.ld, 0.f, ds, C);
-  for (int64_t r = 0; r < R; ++r)
-    (avx2 ? dscores_row_avx2 : dscores_row_scalar)(p + r * C, ds + r * C, C, g.delta[i0 + r]);
+  if (g.drop.mask) {
+    // dP = (dO Vᵀ) ⊙ M, dS = P ⊙ (dP - D); then P ⊙ M for dV += (P ⊙ M)ᵀ dO.
+    dnnl_sgemm('N', 'T', R, C, g.Dv, 1.f, dO, g.dout.ld, g.v.row(j0), g.v.ld, 0.f, ds, C);
+    g.drop.apply(ds, i0, R, j0, C);
+    for (int64_t r = 0; r < R; ++r)
+      (avx2 ? dscores_row_avx2 : dscores_row_scalar)(p + r * C, ds + r * C, C, g.delta[i0 + r]);
+    g.drop.apply(p, i0, R, j0, C);
+    if (g.dv.p) dnnl_sgemm('T', 'N', C, g.Dv, R, 1.f, p, C, dO, g.dout.ld, 1.f, g.dv.row(j0), g.dv.ld);
+  } else {
+    // dV += Pᵀ dO.
+    if (g.dv.p) dnnl_sgemm('T', 'N', C, g.Dv, R, 1.f, p, C, dO, g.dout.ld, 1.f, g.dv.row(j0), g.dv.ld);
+    // dP = dO Vᵀ, then dS = P ⊙ (dP - D).
+    dnnl_sgemm('N', 'T', R, C, g.Dv, 1.f, dO, g.dout.ld, g.v.row(j0), g.v.ld, 0.f, ds, C);
+    for (int64_t r = 0; r < R; ++r)
+      (avx2 ? dscores_row_avx2 : dscores_row_scalar)(p + r * C, ds + r * C, C, g.delta[i0 + r]);
+  }
   // dK += scale · dSᵀ Q; dQ += scale · dS K.
   if (g.dk.p) dnnl_sgemm('T', 'N', C, g.Dk, R, scale, ds, C, q, g.q.ld, 1.f, g.dk.row(j0), g.dk.ld);
   if (g.dq.p) dnnl_sgemm('N', 'N', R, g.Dk, C, scale, ds, C, k, g.k.ld, 1.f, g.dq.row(i0), g.dq.ld);
@@ -333,6 +370,13 @@ void backward_query_block(const BackwardHead& g, float scale, const KeyRange& kr
   }
 }
 
+Status check_attention_dropout(const char* op, const DropoutMask* drop) {
+  if (drop && !(drop->p >= 0.f && drop->p < 1.f))
+    return Status::Invalid(std::string(op) + ": the attention dropout probability must be in [0, 1), got " +
+                           std::to_string(drop->p));
+  return Status::Ok();
+}
+
 // Row stride for sgemm; a single row's stride is arbitrary, so any value ≥ its length will do.
 int64_t ld(const Tensor& t) { return t.dim(2) > 1 ? t.stride(2) : std::max<int64_t>(t.dim(3), 1); }
 
@@ -343,15 +387,17 @@ bool worth_threads(int threads, int64_t work, int64_t madds) {
 
 // attention and attention_train: lse null for the former.
 Status attention_impl(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                      Tensor* lse, float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi) {
+                      Tensor* lse, float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi,
+                      const DropoutMask* drop) {
   const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), dk = q.dim(3), S = k.dim(2), dv = v.dim(3);
   if (B * H * T == 0) return Status::Ok();
   // No keys, scores of empty dot products, or no output columns: see the reference.
   if (S == 0 || dk == 0 || dv == 0) {
     if (!lse)
       return out.numel() == 0 ? Status::Ok() : ref::attention(q, k, v, out, scale, causal, key_lo, key_hi);
-    return ref::attention_train(q, k, v, out, *lse, scale, causal, key_lo, key_hi);
+    return ref::attention_train(q, k, v, out, *lse, scale, causal, key_lo, key_hi, drop);
   }
+  if (drop && !drop->active()) drop = nullptr;
   const int threads = onednn::apply_threads();
   const bool avx2 = cpu_has_avx2();
   const KeyRange kr{key_lo, key_hi, causal, T, S};
@@ -375,10 +421,11 @@ Status attention_impl(const char* op, const Tensor& q, const Tensor& k, const Te
       for (int64_t w = 0; w < work; ++w) {
         const int64_t blk = w % blocks, h = (w / blocks) % H, b = w / (blocks * H);
         const int64_t i0 = blk * kRows, i1 = std::min(T, i0 + kRows);
+        const HeadDropout hd{drop, static_cast<uint64_t>((b * H + h) * T * S), S};
         attend_block(qp + b * q.stride(0) + h * q.stride(1), ldq, kp + b * k.stride(0) + h * k.stride(1), ldk,
                      vp + b * v.stride(0) + h * v.stride(1), ldv, op_ + b * out.stride(0) + h * out.stride(1),
                      ldo, lp ? lp + b * lse->stride(0) + h * lse->stride(1) : nullptr,
-                     lse ? lse->stride(2) : 0, dk, dv, scale, kr, b, i0, i1, avx2);
+                     lse ? lse->stride(2) : 0, dk, dv, scale, kr, b, i0, i1, avx2, hd);
       }
     }
     return Status::Ok();
@@ -391,14 +438,16 @@ Status attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                  const int32_t* key_lo, const int32_t* key_hi) {
   static constexpr const char* op = "ops::attention";
   TSR_RETURN_IF_ERROR(detail::check_attention(op, q, k, v, out, causal, key_lo, key_hi));
-  return attention_impl(op, q, k, v, out, nullptr, scale, causal, key_lo, key_hi);
+  return attention_impl(op, q, k, v, out, nullptr, scale, causal, key_lo, key_hi, nullptr);
 }
 
 Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi) {
+                       float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi,
+                       const DropoutMask* drop) {
   static constexpr const char* op = "ops::attention_train";
   TSR_RETURN_IF_ERROR(detail::check_attention_train(op, q, k, v, out, lse, causal, key_lo, key_hi, false));
-  return attention_impl(op, q, k, v, out, &lse, scale, causal, key_lo, key_hi);
+  TSR_RETURN_IF_ERROR(check_attention_dropout(op, drop));
+  return attention_impl(op, q, k, v, out, &lse, scale, causal, key_lo, key_hi, drop);
 }
 
 // Who adds into which gradient row. dK and dV of a key block sum over query blocks, dQ of a query
@@ -414,7 +463,8 @@ Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 // grid), so the gradients' bits depend on neither the schedule nor the thread count.
 Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                          float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi) {
+                          float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi,
+                          const DropoutMask* drop) {
   static constexpr const char* op = "ops::attention_backward";
   TSR_RETURN_IF_ERROR(detail::check_attention_backward(op, q, k, v, out, lse, dout, dq, dk, dv, causal,
                                                        key_lo, key_hi, false));
@@ -422,7 +472,9 @@ Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   if (B * H == 0) return Status::Ok();
   // No queries, no keys, or empty dot products: see the reference.
   if (T == 0 || S == 0 || Dk == 0 || Dv == 0)
-    return ref::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, key_lo, key_hi);
+    return ref::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, key_lo, key_hi, drop);
+  TSR_RETURN_IF_ERROR(check_attention_dropout(op, drop));
+  if (drop && !drop->active()) drop = nullptr;
   const int threads = onednn::apply_threads();
   const bool avx2 = cpu_has_avx2();
   const KeyRange kr{key_lo, key_hi, causal, T, S};
@@ -449,6 +501,7 @@ Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
       g.delta = delta + bh * T;
       g.Dk = Dk;
       g.Dv = Dv;
+      g.drop = HeadDropout{drop, static_cast<uint64_t>(bh * T * S), S};
       return g;
     };
 #pragma omp parallel if (parallel)

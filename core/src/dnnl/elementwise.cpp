@@ -1,6 +1,8 @@
 // Elementwise ops and the embedding gather: ops::add (oneDNN binary, b broadcast over a's leading
 // dims), ops::activation (oneDNN eltwise) and ops::embedding (a row copy per id, OpenMP).
 // For add, oneDNN's binary measured as fast as a plain parallel loop or faster (1576 x 768).
+// ops::dropout is a parallel loop (oneDNN 2.6 has no dropout): each element's mask bit is a hash
+// of its index, so the result does not depend on how the loop is split between threads.
 #include <cstring>
 
 #include "dnnl/onednn.h"
@@ -72,6 +74,29 @@ Status activation(Activation act, const Tensor& x, Tensor& y) {
     if (!y_direct) onednn::convert(out, y);
     return Status::Ok();
   });
+}
+
+Status dropout(const Tensor& x, const DropoutMask& mask, Tensor& y) {
+  static constexpr const char* op = "ops::dropout";
+  TSR_RETURN_IF_ERROR(detail::check_dropout(op, x, mask, y, false));
+  const int64_t n = x.numel();
+  if (n == 0) return Status::Ok();
+  if (!mask.active()) {
+    if (y.raw_data() != x.raw_data()) y.copy_from(x);
+    return Status::Ok();
+  }
+  const Tensor xc = x.is_contiguous() ? x : x.contiguous();
+  const bool direct = y.is_contiguous();
+  Tensor out = direct ? y : Tensor::empty(y.shape());
+  onednn::apply_threads();
+  const float* in = xc.data<float>();
+  float* o = out.data<float>();
+  const uint32_t threshold = mask.threshold();
+  const float scale = mask.scale();
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t e = 0; e < n; ++e) o[e] = mask.keep(static_cast<uint64_t>(e), threshold) ? in[e] * scale : 0.f;
+  if (!direct) y.copy_from(out);
+  return Status::Ok();
 }
 
 Status embedding(const Tensor& table, const Tensor& ids, Tensor& y) {

@@ -114,10 +114,17 @@ struct BlockSaved {
   Tensor ln2_in, ln2_mean, ln2_rstd;  // LN2's input: R (pre-LN) or R + F (post-LN)
   Tensor ffn_in;                      // (B·T, C) the FFN's input rows
   Tensor a, g;                        // (B·T, F) its hidden rows before and after the activation
+  DropoutMask attn_out_drop, ffn_out_drop;  // residual dropout's masks (p 0: none), regenerated backward
+};
+// The block's dropout: on the attention weights, and on each sub-layer's output before the
+// residual add (p 0: none).
+struct BlockDropout {
+  DropoutMask attention, attn_out, ffn_out;
 };
 // x (B, T, C) in, the block's output out (a new tensor: x is kept, it is saved).
 Status block_forward_train(const ModelConfig& c, const AttentionLayer& L, const BlockParams& w, const Exec& ex,
-                           const RowLayout& lay, const Tensor& x, Tensor& y, BlockSaved* saved);
+                           const RowLayout& lay, const Tensor& x, Tensor& y, BlockSaved* saved,
+                           const BlockDropout& dropout = {});
 // dy: the gradient at the block's output -> dx at its input (written); the block's parameter
 // gradients are added to grads under p ("blocks.3").
 Status block_backward(const ModelConfig& c, const AttentionLayer& L, const BlockParams& w, const Exec& ex,

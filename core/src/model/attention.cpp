@@ -367,9 +367,10 @@ inline float& at4(const Tensor& t, int64_t b, int64_t h, int64_t i, int64_t d) {
 
 // Shaw et al.'s attention, materialised (as at inference: the fused kernel takes no relative
 // positions): S_ij = scale · q_i · (k_j + a^K_r), r = clip(p_j - p_i); masked; P = softmax(S);
-// O_i = Σ_j P_ij (v_j + a^V_r). Keeps P (B, H, T, T) for the backward.
+// O_i = Σ_j P_ij M_ij (v_j + a^V_r), M attention dropout's mask (1 without). Keeps P (B, H, T, T),
+// undropped, for the backward.
 void relative_forward(const AttentionLayer& L, const AttentionParams& w, const Tensor& q, const Tensor& k,
-                      const Tensor& v, const RowLayout& rows, Tensor& P, Tensor& heads) {
+                      const Tensor& v, const RowLayout& rows, Tensor& P, Tensor& heads, const DropoutMask& drop) {
   const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), dk = L.d_k, dv = L.d_v, kmax = L.positions.max_distance;
   const float* ak = w.rel_k.data<float>();
   const float* av = w.rel_v.data<float>();
@@ -394,20 +395,22 @@ void relative_forward(const AttentionLayer& L, const AttentionParams& w, const T
         for (int64_t j = 0; j < T; ++j) sum += (p[j] = mx == kNegInf ? 0.f : std::exp(p[j] - mx));
         for (int64_t j = 0; j < T; ++j) p[j] = sum > 0 ? p[j] / sum : 0.f;
         for (int64_t d = 0; d < dv; ++d) at4(heads, b, h, i, d) = 0.f;
+        const uint64_t row = static_cast<uint64_t>(((b * H + h) * T + i) * T);
         for (int64_t j = 0; j < T; ++j) {
           if (p[j] == 0.f) continue;
+          const float pj = drop.active() ? p[j] * drop.factor(row + static_cast<uint64_t>(j)) : p[j];
           const float* a = av + relative_index(rows.position(b, i), rows.position(b, j), kmax) * dv;
-          for (int64_t d = 0; d < dv; ++d) at4(heads, b, h, i, d) += p[j] * (at4(v, b, h, j, d) + a[d]);
+          for (int64_t d = 0; d < dv; ++d) at4(heads, b, h, i, d) += pj * (at4(v, b, h, j, d) + a[d]);
         }
       }
 }
 
-// Its backward: dV_j = Σ_i P_ij dO_i; dP_ij = dO_i · (v_j + a^V_r); dS = P ⊙ (dP - Σ_j P_ij dP_ij);
+// Its backward: dV_j = Σ_i P_ij M_ij dO_i; dP_ij = M_ij dO_i · (v_j + a^V_r); dS = P ⊙ (dP - Σ_j P_ij dP_ij);
 // dQ_i = scale Σ_j dS_ij (k_j + a^K_r); dK_j = scale Σ_i dS_ij q_i; da^K_r, da^V_r collect the
 // pairs at offset r. Written per (batch row, head); the tables' gradients summed after.
 void relative_backward(const AttentionLayer& L, const AttentionParams& w, const Tensor& q, const Tensor& k,
                        const Tensor& v, const RowLayout& rows, const Tensor& P, const Tensor& dO, Tensor& dq,
-                       Tensor& dk, Tensor& dv, Tensor* g_ak, Tensor* g_av) {
+                       Tensor& dk, Tensor& dv, Tensor* g_ak, Tensor* g_av, const DropoutMask& drop) {
   const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), Dk = L.d_k, Dv = L.d_v, kmax = L.positions.max_distance;
   const int64_t R = 2 * kmax + 1;
   const float* ak = w.rel_k.data<float>();
@@ -426,17 +429,21 @@ void relative_backward(const AttentionLayer& L, const AttentionParams& w, const 
       for (int64_t i = 0; i < T; ++i) {
         const float* p = P.data<float>() + ((b * H + h) * T + i) * T;
         float dot = 0.f;
+        const uint64_t row = static_cast<uint64_t>(((b * H + h) * T + i) * T);
         for (int64_t j = 0; j < T; ++j) {
           ds[static_cast<size_t>(j)] = 0.f;
           if (p[j] == 0.f) continue;
           const int64_t r = relative_index(rows.position(b, i), rows.position(b, j), kmax);
+          const float m = drop.active() ? drop.factor(row + static_cast<uint64_t>(j)) : 1.f;
+          const float pm = drop.active() ? p[j] * m : p[j];
           float dp = 0.f;
           for (int64_t d = 0; d < Dv; ++d) {
             const float g = at4(dO, b, h, i, d);
             dp += g * (at4(v, b, h, j, d) + av[r * Dv + d]);
-            at4(dv, b, h, j, d) += p[j] * g;
-            gv[r * Dv + d] += p[j] * g;
+            at4(dv, b, h, j, d) += pm * g;
+            gv[r * Dv + d] += pm * g;
           }
+          if (drop.active()) dp *= m;
           ds[static_cast<size_t>(j)] = dp;
           dot += p[j] * dp;
         }
@@ -464,12 +471,13 @@ void relative_backward(const AttentionLayer& L, const AttentionParams& w, const 
 }  // namespace
 
 Status attention_forward_train(const AttentionLayer& L, const AttentionParams& w, const Exec& ex, const Tensor& x,
-                               const RowLayout& rows, Tensor& y, AttentionSaved* sv) {
+                               const RowLayout& rows, Tensor& y, AttentionSaved* sv, const DropoutMask& dropout) {
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   const int64_t H = L.n_heads, dk = L.d_k, dv = L.d_v;
   const bool relative = L.positions.kind == PositionKind::relative;
   sv->lo.clear();
   sv->hi.clear();
+  sv->dropout = dropout;
   if (!relative && !rows.plain && !key_ranges(rows, &sv->lo, &sv->hi))
     return Status::Invalid("training: a batch whose sequences are not each one run of rows (padding between "
                                  "real rows, or a sequence split by another)");
@@ -488,12 +496,13 @@ Status attention_forward_train(const AttentionLayer& L, const AttentionParams& w
   Tensor heads = sv->concat.unflatten(2, H, dv).transpose(1, 2);
   if (relative) {
     sv->weights = Tensor::empty({B, H, T, T});
-    relative_forward(L, w, q, k, v, rows, sv->weights, heads);
+    relative_forward(L, w, q, k, v, rows, sv->weights, heads, dropout);
   } else {
     sv->lse = Tensor::empty({B, H, T});
     TSR_RETURN_IF_ERROR(ex.attention_train(q, k, v, heads, sv->lse, L.scale, L.causal,
                                            sv->lo.empty() ? nullptr : sv->lo.data(),
-                                           sv->hi.empty() ? nullptr : sv->hi.data()));
+                                           sv->hi.empty() ? nullptr : sv->hi.data(),
+                                           dropout.active() ? &dropout : nullptr));
   }
   if (!w.w_o.defined()) {
     y.copy_from(sv->concat);
@@ -526,11 +535,12 @@ Status attention_backward(const AttentionLayer& L, const AttentionParams& w, con
   const Tensor dheads = dconcat.reshape({B, T, H * dv}).unflatten(2, H, dv).transpose(1, 2);
   if (L.positions.kind == PositionKind::relative) {
     relative_backward(L, w, q, k, v, rows, sv.weights, dheads, dq, dk_, dv_, grads.find(p + ".rel_k"),
-                      grads.find(p + ".rel_v"));
+                      grads.find(p + ".rel_v"), sv.dropout);
   } else {
     TSR_RETURN_IF_ERROR(ex.attention_backward(q, k, v, heads, sv.lse, dheads, dq, dk_, dv_, L.scale, L.causal,
                                               sv.lo.empty() ? nullptr : sv.lo.data(),
-                                              sv.hi.empty() ? nullptr : sv.hi.data()));
+                                              sv.hi.empty() ? nullptr : sv.hi.data(),
+                                              sv.dropout.active() ? &sv.dropout : nullptr));
   }
   if (L.positions.kind == PositionKind::rotary) {  // back through the rotation: rotate the other way
     const int32_t* positions = rows.plain ? nullptr : rows.pos.data();

@@ -73,6 +73,9 @@ Status block_forward(const ModelConfig& c, const Block& blk, const Exec& ex, con
 
 // ---------------------------------------------------------------------------------------------
 // Training: the same equations, each step's input kept for the backward; nothing fused or in place.
+// Residual dropout (as BERT, GPT-2 and ViT place it) multiplies each sub-layer's output by its
+// mask before the residual add: R = X + Drop(MultiHead(·)), Y = R + Drop(FFN(·)) (pre-LN), and
+// likewise inside the post-LN sums. The backward regenerates the masks from their counters.
 
 namespace {
 
@@ -101,6 +104,18 @@ Status ffn_backward(const ModelConfig& c, const BlockParams& w, const Exec& ex, 
   return ex.linear_backward(s.ffn_in, w.w1, dg, &d2, grads.find(p + ".ffn.w1"), grads.find(p + ".ffn.b1"));
 }
 
+// In place: t ⊙ mask (nothing when its p is 0).
+Status drop(const Exec& ex, const DropoutMask& m, Tensor& t) { return m.active() ? ex.dropout(t, m, t) : Status::Ok(); }
+// A new tensor d ⊙ mask, or d itself when its p is 0: d is still needed as it was.
+Status drop_copy(const Exec& ex, const DropoutMask& m, const Tensor& d, Tensor* out) {
+  if (!m.active()) {
+    *out = d;
+    return Status::Ok();
+  }
+  *out = Tensor::empty(d.shape());
+  return ex.dropout(d, m, *out);
+}
+
 Status norm_train(const Exec& ex, const ModelConfig& c, const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y,
                   Tensor* in, Tensor* mean, Tensor* rstd) {
   *in = x;
@@ -112,15 +127,19 @@ Status norm_train(const Exec& ex, const ModelConfig& c, const Tensor& x, const T
 }  // namespace
 
 Status block_forward_train(const ModelConfig& c, const AttentionLayer& L, const BlockParams& w, const Exec& ex,
-                           const RowLayout& lay, const Tensor& x, Tensor& y, BlockSaved* s) {
+                           const RowLayout& lay, const Tensor& x, Tensor& y, BlockSaved* s,
+                           const BlockDropout& dropout) {
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
+  s->attn_out_drop = dropout.attn_out;
+  s->ffn_out_drop = dropout.ffn_out;
   const int64_t width = w.attn.w_o.defined() ? w.attn.w_o.dim(1) : L.n_heads * L.d_v;
   if (c.norm == NormPlacement::pre) {
     // R = X + MultiHead(LN1(X));  Y = R + FFN(LN2(R))
     Tensor h1 = Tensor::empty({B, T, C});
     TSR_RETURN_IF_ERROR(norm_train(ex, c, x, w.ln1_g, w.ln1_b, h1, &s->ln1_in, &s->ln1_mean, &s->ln1_rstd));
     Tensor u = Tensor::empty({B, T, width});
-    TSR_RETURN_IF_ERROR(attention_forward_train(L, w.attn, ex, h1, lay, u, &s->attn));
+    TSR_RETURN_IF_ERROR(attention_forward_train(L, w.attn, ex, h1, lay, u, &s->attn, dropout.attention));
+    TSR_RETURN_IF_ERROR(drop(ex, dropout.attn_out, u));
     s->r = Tensor::empty({B, T, C});
     TSR_RETURN_IF_ERROR(ex.add(x, u, s->r));
     if (c.d_ff == 0) {
@@ -131,13 +150,15 @@ Status block_forward_train(const ModelConfig& c, const AttentionLayer& L, const 
     TSR_RETURN_IF_ERROR(norm_train(ex, c, s->r, w.ln2_g, w.ln2_b, h2, &s->ln2_in, &s->ln2_mean, &s->ln2_rstd));
     Tensor f = Tensor::empty({B, T, C});
     TSR_RETURN_IF_ERROR(ffn_train(c, w, ex, h2, s, f));
+    TSR_RETURN_IF_ERROR(drop(ex, dropout.ffn_out, f));
     y = Tensor::empty({B, T, C});
     return ex.add(s->r, f, y);
   }
   // post-LN: R = LN1(X + MultiHead(X));  Y = LN2(R + FFN(R))   (norm none: no LN)
   const bool post = c.norm == NormPlacement::post;
   Tensor u = Tensor::empty({B, T, width});
-  TSR_RETURN_IF_ERROR(attention_forward_train(L, w.attn, ex, x, lay, u, &s->attn));
+  TSR_RETURN_IF_ERROR(attention_forward_train(L, w.attn, ex, x, lay, u, &s->attn, dropout.attention));
+  TSR_RETURN_IF_ERROR(drop(ex, dropout.attn_out, u));
   if (c.residual) TSR_RETURN_IF_ERROR(ex.add(u, x, u));
   if (post) {
     s->r = Tensor::empty({B, T, width});
@@ -151,6 +172,7 @@ Status block_forward_train(const ModelConfig& c, const AttentionLayer& L, const 
   }
   Tensor z = Tensor::empty({B, T, C});
   TSR_RETURN_IF_ERROR(ffn_train(c, w, ex, s->r, s, z));
+  TSR_RETURN_IF_ERROR(drop(ex, s->ffn_out_drop, z));
   if (c.residual) TSR_RETURN_IF_ERROR(ex.add(z, s->r, z));
   if (!post) {
     y = z;
@@ -171,17 +193,19 @@ Status block_backward(const ModelConfig& c, const AttentionLayer& L, const Block
                                   grads.find(p + "." + name + ".beta"));
   };
   if (c.norm == NormPlacement::pre) {
-    // dR = dY + LN2ᵀ(FFNᵀ(dY));  dX = dR + LN1ᵀ(Attnᵀ(dR))
+    // dR = dY + LN2ᵀ(FFNᵀ(M_F ⊙ dY));  dX = dR + LN1ᵀ(Attnᵀ(M_U ⊙ dR))
     Tensor dr = dy;
     if (c.d_ff > 0) {
-      Tensor dh2 = Tensor::empty({B, T, C}), dn = Tensor::empty({B, T, C});
-      TSR_RETURN_IF_ERROR(ffn_backward(c, w, ex, s, dy, dh2, grads, p));
+      Tensor dh2 = Tensor::empty({B, T, C}), dn = Tensor::empty({B, T, C}), df;
+      TSR_RETURN_IF_ERROR(drop_copy(ex, s.ffn_out_drop, dy, &df));
+      TSR_RETURN_IF_ERROR(ffn_backward(c, w, ex, s, df, dh2, grads, p));
       TSR_RETURN_IF_ERROR(norm_back(s.ln2_in, s.ln2_mean, s.ln2_rstd, w.ln2_g, dh2, dn, "ln2"));
       dr = Tensor::empty({B, T, C});
       TSR_RETURN_IF_ERROR(ex.add(dy, dn, dr));
     }
-    Tensor dh1 = Tensor::empty({B, T, C}), dn = Tensor::empty({B, T, C});
-    TSR_RETURN_IF_ERROR(attention_backward(L, w.attn, ex, s.attn, lay, dr, dh1, grads, p + ".attn"));
+    Tensor dh1 = Tensor::empty({B, T, C}), dn = Tensor::empty({B, T, C}), du;
+    TSR_RETURN_IF_ERROR(drop_copy(ex, s.attn_out_drop, dr, &du));
+    TSR_RETURN_IF_ERROR(attention_backward(L, w.attn, ex, s.attn, lay, du, dh1, grads, p + ".attn"));
     TSR_RETURN_IF_ERROR(norm_back(s.ln1_in, s.ln1_mean, s.ln1_rstd, w.ln1_g, dh1, dn, "ln1"));
     dx = Tensor::empty({B, T, C});
     return ex.add(dr, dn, dx);
@@ -196,7 +220,9 @@ Status block_backward(const ModelConfig& c, const AttentionLayer& L, const Block
   Tensor dr = dz;
   if (c.d_ff > 0) {
     dr = Tensor::empty({B, T, width});
-    TSR_RETURN_IF_ERROR(ffn_backward(c, w, ex, s, dz, dr, grads, p));
+    Tensor df;
+    TSR_RETURN_IF_ERROR(drop_copy(ex, s.ffn_out_drop, dz, &df));
+    TSR_RETURN_IF_ERROR(ffn_backward(c, w, ex, s, df, dr, grads, p));
     if (c.residual) TSR_RETURN_IF_ERROR(ex.add(dr, dz, dr));
   }
   Tensor du = dr;
@@ -205,7 +231,9 @@ Status block_backward(const ModelConfig& c, const AttentionLayer& L, const Block
     TSR_RETURN_IF_ERROR(norm_back(s.ln1_in, s.ln1_mean, s.ln1_rstd, w.ln1_g, dr, du, "ln1"));
   }
   dx = Tensor::empty({B, T, C});
-  TSR_RETURN_IF_ERROR(attention_backward(L, w.attn, ex, s.attn, lay, du, dx, grads, p + ".attn"));
+  Tensor dud;
+  TSR_RETURN_IF_ERROR(drop_copy(ex, s.attn_out_drop, du, &dud));
+  TSR_RETURN_IF_ERROR(attention_backward(L, w.attn, ex, s.attn, lay, dud, dx, grads, p + ".attn"));
   if (c.residual) TSR_RETURN_IF_ERROR(ex.add(dx, du, dx));
   return Status::Ok();
 }

@@ -73,15 +73,18 @@ struct Exec {
                      : ops::cross_entropy(logits, targets, smoothing, loss_sum, counted, dlogits, scale);
   }
   Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
-                         bool causal, const int32_t* lo, const int32_t* hi) const {
-    return reference ? ref::attention_train(q, k, v, out, lse, scale, causal, lo, hi)
-                     : ops::attention_train(q, k, v, out, lse, scale, causal, lo, hi);
+                         bool causal, const int32_t* lo, const int32_t* hi, const DropoutMask* drop = nullptr) const {
+    return reference ? ref::attention_train(q, k, v, out, lse, scale, causal, lo, hi, drop)
+                     : ops::attention_train(q, k, v, out, lse, scale, causal, lo, hi, drop);
   }
   Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal,
-                            const int32_t* lo, const int32_t* hi) const {
-    return reference ? ref::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, lo, hi)
-                     : ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, lo, hi);
+                            const int32_t* lo, const int32_t* hi, const DropoutMask* drop = nullptr) const {
+    return reference ? ref::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, lo, hi, drop)
+                     : ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, scale, causal, lo, hi, drop);
+  }
+  Status dropout(const Tensor& x, const DropoutMask& mask, Tensor& y) const {
+    return reference ? ref::dropout(x, mask, y) : ops::dropout(x, mask, y);
   }
 };
 

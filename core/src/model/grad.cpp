@@ -1,9 +1,11 @@
 // One training step's arithmetic: the forward pass on plain f32 parameters keeping what each
 // layer's backward needs, the loss, and the backward pass through the same parts in reverse order
 // (head, final norm, blocks from last to first, stem). The layers' own forwards and backwards sit
-// side by side in stem.cpp, block.cpp, attention.cpp and head.cpp.
+// side by side in stem.cpp, block.cpp, attention.cpp and head.cpp. Dropout (GradOptions::dropout)
+// acts here only: on the stem's output, and inside each block (block.cpp, attention.cpp).
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "assembly.h"
 #include "tessera/train.h"
@@ -26,6 +28,18 @@ Tensor next_token_targets(const Batch& batch) {
       out.data<int32_t>()[b * T + t] = next ? ids.data<int32_t>()[b * T + t + 1] : -1;
     }
   return out;
+}
+
+DropoutMask DropoutOptions::mask(DropoutSite site, int64_t layer) const {
+  float p = 0.f;
+  switch (site) {
+    case DropoutSite::embedding: p = embedding; break;
+    case DropoutSite::attention: p = attention; break;
+    case DropoutSite::attention_out:
+    case DropoutSite::ffn_out: p = residual; break;
+  }
+  if (!(p > 0.f)) return DropoutMask{};
+  return DropoutMask{dropout_key(seed, step, micro_batch, static_cast<uint64_t>(layer), static_cast<uint64_t>(site)), p};
 }
 
 namespace {
@@ -53,6 +67,10 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
                              " (make them with Parameters::zeros_like)");
   }
   TSR_RETURN_IF_ERROR(check_f32(G, "gradient"));
+  for (const auto& [what, pd] : {std::pair<const char*, float>{"embedding", opt.dropout.embedding},
+                                 {"attention", opt.dropout.attention}, {"residual", opt.dropout.residual}})
+    if (!(pd >= 0.f && pd < 1.f))
+      return Status::Invalid(std::string("training: ") + what + " dropout must be in [0, 1), got " + std::to_string(pd));
   TSR_RETURN_IF_ERROR(model::check_batch(c, batch));
   const int64_t extra = model::prepended_rows(c, batch);
   if (extra && (batch.segments.defined() || batch.positions.defined() || batch.kinds.defined()))
@@ -72,6 +90,8 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
   Tensor x = Tensor::empty({B, T, C}), h = Tensor::empty({B, T, C});
   model::StemSaved stem;
   TSR_RETURN_IF_ERROR(model::stem_forward(c, sw, ex, batch, lay, extra, x, h, &stem));
+  const DropoutMask embed_drop = opt.dropout.mask(DropoutSite::embedding, 0);
+  if (embed_drop.active()) TSR_RETURN_IF_ERROR(ex.dropout(x, embed_drop, x));
 
   model::AttentionLayer meta;
   meta.n_heads = c.n_heads;
@@ -100,7 +120,10 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
     w.w2 = P.get(p + "ffn.w2");
     w.b2 = P.get(p + "ffn.b2");
     Tensor y;
-    TSR_RETURN_IF_ERROR(model::block_forward_train(c, meta, w, ex, lay, x, y, &saved[static_cast<size_t>(l)]));
+    const model::BlockDropout bd{opt.dropout.mask(DropoutSite::attention, l),
+                                 opt.dropout.mask(DropoutSite::attention_out, l),
+                                 opt.dropout.mask(DropoutSite::ffn_out, l)};
+    TSR_RETURN_IF_ERROR(model::block_forward_train(c, meta, w, ex, lay, x, y, &saved[static_cast<size_t>(l)], bd));
     x = y;
   }
   Tensor final_in, final_mean, final_rstd;
@@ -138,6 +161,7 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
   }
   Tensor d_rows;
   if (!opt.backward_stem) return result;  // nothing below is trained
+  if (embed_drop.active()) TSR_RETURN_IF_ERROR(ex.dropout(dx, embed_drop, dx));
   const bool want_rows = c.stem.kind != StemKind::tokens;
   TSR_RETURN_IF_ERROR(model::stem_backward(c, sw, ex, stem, lay, dx, G, want_rows ? &d_rows : nullptr,
                                            B * batch.seq_len()));

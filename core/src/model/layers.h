@@ -100,12 +100,15 @@ struct AttentionSaved {
   Tensor lse;     // (B, H, T) each query row's log-sum-exp of its scores (fused kernel)
   Tensor weights; // (B, H, T, T) the attention weights (relative positions: the materialised path)
   std::vector<int32_t> lo, hi;  // each row's run of usable keys (empty: all of them)
+  DropoutMask dropout;          // attention dropout on the weights (p 0: none); the backward regenerates it
 };
 
 // y (B, T, C_out) = concat_h softmax(mask(scale · Q_h K_hᵀ)) V_h · W_O + b_O (no residual: the block
-// adds it), keeping what the backward needs in *saved.
+// adds it), keeping what the backward needs in *saved. `dropout`: attention dropout on the weights
+// (softmax(...) ⊙ M, M's element ((b·H + h)·T + i)·T + j), none when its p is 0.
 Status attention_forward_train(const AttentionLayer& L, const AttentionParams& w, const Exec& ex, const Tensor& x,
-                               const RowLayout& rows, Tensor& y, AttentionSaved* saved);
+                               const RowLayout& rows, Tensor& y, AttentionSaved* saved,
+                               const DropoutMask& dropout = {});
 // dy (B, T, C_out) -> dx (B, T, C), written; the weights' gradients are added to grads under
 // p + ".w_q", ".b_q", ... (p: "blocks.3.attn").
 Status attention_backward(const AttentionLayer& L, const AttentionParams& w, const Exec& ex,

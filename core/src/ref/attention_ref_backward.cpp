@@ -4,6 +4,8 @@
 // tensors' dtype (f32, or f64 for gradient checks against finite differences); results are
 // rounded once, when stored. The backward recomputes P from q and k and uses out and lse only
 // through the shape checks: it is the fast path's independent check, which reads them.
+// Attention dropout multiplies P by its mask M (0 or 1 / (1 - p)) before P · V; the backward
+// regenerates M from the same counters.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -81,8 +83,16 @@ void weights(const Tensor& q, const Tensor& k, int64_t b, int64_t h, double scal
 
 }  // namespace
 
+// The dropout factor of weight (b, h, i, j); 1 without dropout.
+double drop_factor(const DropoutMask* drop, int64_t b, int64_t h, int64_t i, int64_t j, int64_t H, int64_t T,
+                   int64_t S) {
+  if (!drop || !drop->active()) return 1.0;
+  return drop->factor(static_cast<uint64_t>(((b * H + h) * T + i) * S + j));
+}
+
 Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi) {
+                       float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi,
+                       const DropoutMask* drop) {
   TSR_RETURN_IF_ERROR(detail::check_attention_train("ref::attention_train", q, k, v, out, lse, causal, key_lo,
                                                     key_hi, /*allow_f64=*/true));
   const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), S = k.dim(2), Dv = v.dim(3);
@@ -95,7 +105,8 @@ Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
       for (int64_t i = 0; i < T; ++i) {
         for (int64_t d = 0; d < Dv; ++d) {  // out = P · V
           double acc = 0.0;
-          for (int64_t j = 0; j < S; ++j) acc += p[i * S + j] * get(v, b, h, j, d);
+          for (int64_t j = 0; j < S; ++j)
+            acc += p[i * S + j] * drop_factor(drop, b, h, i, j, H, T, S) * get(v, b, h, j, d);
           put(out, b, h, i, d, acc);
         }
         put(lse, b, h, i, 0, l.data<double>()[i]);
@@ -104,11 +115,13 @@ Status attention_train(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   return Status::Ok();
 }
 
-// With P the weights and dO = dout: dV = Pᵀ dO; dP = dO Vᵀ; the softmax backward
-// dS = P ⊙ (dP - rowsum(P ⊙ dP)); and, from S = scale · Q Kᵀ, dQ = scale · dS K, dK = scale · dSᵀ Q.
+// With P the weights, M the dropout mask (all 1 without) and dO = dout: dV = (P ⊙ M)ᵀ dO;
+// dP = (dO Vᵀ) ⊙ M; the softmax backward dS = P ⊙ (dP - rowsum(P ⊙ dP)); and, from
+// S = scale · Q Kᵀ, dQ = scale · dS K, dK = scale · dSᵀ Q.
 Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                          float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi) {
+                          float scale, bool causal, const int32_t* key_lo, const int32_t* key_hi,
+                          const DropoutMask* drop) {
   TSR_RETURN_IF_ERROR(detail::check_attention_backward("ref::attention_backward", q, k, v, out, lse, dout, dq,
                                                        dk, dv, causal, key_lo, key_hi, /*allow_f64=*/true));
   const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), S = k.dim(2), Dk = q.dim(3), Dv = v.dim(3);
@@ -126,6 +139,7 @@ Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
           double dp = 0.0;
           if (p[i * S + j] != 0.0)  // where P is 0 (masked), dS is 0 whatever dP is
             for (int64_t d = 0; d < Dv; ++d) dp += get(dout, b, h, i, d) * get(v, b, h, j, d);
+          dp *= drop_factor(drop, b, h, i, j, H, T, S);
           ds[i * S + j] = dp;
           rowsum += p[i * S + j] * dp;
         }
@@ -134,7 +148,8 @@ Status attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
       for (int64_t j = 0; j < S; ++j) {
         for (int64_t d = 0; d < Dv; ++d) {
           double acc = 0.0;
-          for (int64_t i = 0; i < T; ++i) acc += p[i * S + j] * get(dout, b, h, i, d);
+          for (int64_t i = 0; i < T; ++i)
+            acc += p[i * S + j] * drop_factor(drop, b, h, i, j, H, T, S) * get(dout, b, h, i, d);
           put(dv, b, h, j, d, acc);
         }
         for (int64_t d = 0; d < Dk; ++d) {

@@ -167,6 +167,23 @@ Status add(const Tensor& a, const Tensor& b, Tensor& y) {
   return Status::Ok();
 }
 
+Status dropout(const Tensor& x, const DropoutMask& mask, Tensor& y) {
+  TSR_RETURN_IF_ERROR(detail::check_dropout("ref::dropout", x, mask, y, /*allow_f64=*/true));
+  const Tensor xc = x.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  for (int64_t e = 0; e < x.numel(); ++e) {
+    const bool keep = !mask.active() || mask.keep(static_cast<uint64_t>(e));
+    const float scale = mask.active() ? mask.scale() : 1.f;  // 1 / (1 - p), rounded to f32 as the fast path's
+    if (x.dtype() == DType::f64) {
+      out.data<double>()[e] = keep ? xc.data<double>()[e] * scale : 0.0;
+    } else {
+      out.data<float>()[e] = keep ? xc.data<float>()[e] * scale : 0.f;
+    }
+  }
+  y.copy_from(out);
+  return Status::Ok();
+}
+
 Status activation(Activation act, const Tensor& x, Tensor& y) {
   TSR_RETURN_IF_ERROR(detail::check_same_shape("ref::activation", x, y));
   const Tensor xf = x.to(DType::f32);

@@ -796,6 +796,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   Parameters trained_grads = trained_part(tc, grads);  // the same storage
   GradOptions go;
   go.reference = exp.runtime.reference;
+  go.dropout = {static_cast<float>(tc.dropout.embedding), static_cast<float>(tc.dropout.attention),
+                static_cast<float>(tc.dropout.residual), static_cast<uint64_t>(tc.seed), 0, 0};
   backward_extent(c, trained, &go);
   const int64_t micro = tc.batch_size / tc.accumulate;
   std::vector<int64_t> order;
@@ -842,6 +844,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         if (!made.ok()) return made.status().with_prefix("train: step " + std::to_string(step + 1));
         b = std::move(made).value();
       }
+      go.dropout.step = static_cast<uint64_t>(step);
+      go.dropout.micro_batch = static_cast<uint64_t>(parts);
       Result<LossValue> r = compute_gradients(c, params, b, tg, &grads, go);
       if (!r.ok()) return r.status().with_prefix("train: step " + std::to_string(step + 1));
       step_loss += r->loss;
