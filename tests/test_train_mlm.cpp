@@ -475,3 +475,47 @@ TEST(MlmTrain, TheFirstStepsLossIsTheSameOnOneAndTwoThreads) {
   ASSERT_EQ(first.size(), 2u);
   EXPECT_NEAR(first[0], first[1], 1e-5);
 }
+
+TEST(MlmItem, GradItemGivesTheItemWithItsMasksLabelsOrNextTokens) {
+  const std::string d = temp_dir("item");
+  const Experiment e = load(byte_mlm_yaml(kSlice, "mask_prob: 0.2"), d);
+  Result<ExperimentItem> it = experiment_item(e, 3);
+  ASSERT_TRUE(it.ok()) << it.status().message();
+  EXPECT_TRUE(has(it->id, "ruth_jonah.txt:")) << it->id;
+  ASSERT_EQ(it->choices.size(), 1u);
+  const int64_t T = it->batch.ids.shape()[1];
+  int64_t chosen = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t y = it->targets.tokens.data<int32_t>()[t];
+    EXPECT_EQ(y >= 0, it->choices[0][static_cast<size_t>(t)] != MaskChoice::none);
+    if (it->choices[0][static_cast<size_t>(t)] == MaskChoice::masked) {
+      EXPECT_EQ(it->batch.ids.data<int32_t>()[t], 259);
+    }
+    chosen += y >= 0;
+  }
+  EXPECT_GE(chosen, 1);
+  EXPECT_TRUE(has(it->loss, "masked-LM cross-entropy at the " + std::to_string(chosen) + " chosen rows"))
+      << it->loss;
+  // The same masks every time.
+  Result<ExperimentItem> again = experiment_item(e, 3);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(ids_of(again->batch.ids), ids_of(it->batch.ids));
+  EXPECT_EQ(ids_of(again->targets.tokens), ids_of(it->targets.tokens));
+
+  // Out of range: the index and the dataset's size.
+  Result<ExperimentItem> out = experiment_item(e, 100000);
+  ASSERT_FALSE(out.ok());
+  EXPECT_TRUE(has(out.status().message(), "--item 100000 is out of range: the dataset " + kSlice + " has "))
+      << out.status().message();
+  EXPECT_TRUE(has(out.status().message(), " items (0 to ")) << out.status().message();
+
+  // A causal LM: the item's next tokens.
+  std::string lm = byte_mlm_yaml(kSlice, "");
+  lm.replace(lm.find("arch: encoder"), 13, "arch: decoder");
+  lm.replace(lm.find("objective: mlm, mask_id: 259, "), 30, "");
+  Result<ExperimentItem> next = experiment_item(load(lm, d), 0);
+  ASSERT_TRUE(next.ok()) << next.status().message();
+  const std::vector<int32_t> ids = ids_of(next->batch.ids), tg = ids_of(next->targets.tokens);
+  for (size_t t = 0; t + 1 < ids.size(); ++t) EXPECT_EQ(tg[t], ids[t + 1]);
+  EXPECT_EQ(tg.back(), -1);
+}

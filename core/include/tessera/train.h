@@ -164,6 +164,19 @@ uint64_t mlm_eval_key(int64_t seed, int64_t example);
 void mask_sequence(const MaskSpec& spec, uint64_t key, const int32_t* ids, const uint8_t* roles, int64_t n,
                    int32_t* out_ids, int32_t* targets, MaskChoice* choices = nullptr);
 
+// One item of the experiment's dataset as the trainer lists and encodes it (0-based, in
+// read_dataset's order), as a batch of its sequences (usually one) with the targets training
+// gives it: its label (classify), next-token targets (lm), or its masks (mlm: the fixed masks of
+// mlm_eval_key(seed, index)). Out of range: an error naming the index and the dataset's size.
+struct ExperimentItem {
+  std::string id;      // the item's id
+  Batch batch;
+  Targets targets;
+  std::string loss;    // the loss in words ("masked-LM cross-entropy over 7 masked rows")
+  std::vector<std::vector<MaskChoice>> choices;  // mlm: per sequence, per row
+};
+Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index);
+
 // ---------------------------------------------------------------------------------------------
 // Baselines (train.baseline), the yardsticks an LM's bits per token are read against. The trainer
 // fits them on the training stream and evaluates them on every token of the held-out stream

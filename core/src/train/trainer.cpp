@@ -1195,3 +1195,94 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
 }
 
 }  // namespace tessera
+
+// ---------------------------------------------------------------------------------------------
+// One item of the dataset with its training targets (`tessera grad --item N`)
+
+namespace tessera {
+
+Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
+  const ModelConfig& c = exp.model;
+  const TrainConfig& tc = exp.train;
+  if (exp.data.path.empty()) return Status::Invalid("--item: the experiment has no data.path to take item " +
+                                                    std::to_string(index) + " from");
+  TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
+  Result<std::vector<DataItem>> listed =
+      read_dataset(exp.data, {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}});
+  if (!listed.ok()) return listed.status().with_prefix("data.path");
+  const int64_t n = static_cast<int64_t>(listed->size());
+  if (index < 0 || index >= n)
+    return Status::Invalid("--item " + std::to_string(index) + " is out of range: the dataset " + exp.data.path + " has " +
+                           std::to_string(n) + " item" + (n == 1 ? "" : "s") +
+                           (n > 0 ? " (0 to " + std::to_string(n - 1) + ")" : std::string()));
+  const DataItem& item = (*listed)[static_cast<size_t>(index)];
+  ExperimentItem out;
+  out.id = item.id;
+  if (!item.error.empty()) return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): " + item.error);
+  int32_t label = -1;
+  if (tc.objective == Objective::classify) {
+    const std::vector<std::string> classes = class_names(c, *listed);
+    label = class_index(classes, label_text(item));
+    if (label < 0)
+      return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): its label \"" + label_text(item) +
+                             "\" is not one of the " + std::to_string(classes.size()) + " classes");
+  }
+  TSR_ASSIGN_OR_RETURN(std::string bytes, item_part_bytes(item.parts[0]));
+  PluginItem pi;
+  pi.id = item.id;
+  pi.source = item.parts[0].path;
+  pi.data = std::move(bytes);
+  pi.source_offset = item.parts[0].offset;
+  pi.source_line = item.parts[0].line;
+  Result<std::vector<TokenRows>> rows = src.encoder.encode(pi);
+  if (!rows.ok()) return rows.status().with_prefix("--item " + std::to_string(index));
+  Encoded e;
+  e.ids = src.encoder.info().rows_kind == TSR_ROWS_IDS;
+  e.width = e.ids ? 0 : src.encoder.info().width;
+  for (const TokenRows& r : *rows) {
+    Example ex;
+    ex.label = label;
+    ex.roles = r.roles;
+    if (e.ids) ex.ids = r.ids;
+    else ex.rows.assign(r.features.data<float>(), r.features.data<float>() + r.features.numel());
+    e.items.push_back(std::move(ex));
+  }
+  std::vector<const Example*> ex;
+  for (const Example& x : e.items) ex.push_back(&x);
+  out.targets.label_smoothing = static_cast<float>(tc.label_smoothing);
+  const std::string seqs = e.items.size() == 1 ? "" : " of its " + std::to_string(e.items.size()) + " sequences";
+  if (tc.objective == Objective::mlm) {
+    // The random replacements draw from the training set's tokens, as training's do.
+    std::vector<std::string> none;
+    TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, none, false));
+    Encoded train, val;
+    TSR_RETURN_IF_ERROR(split_data(exp, src, none, false, {}, std::move(all), &train, &val));
+    TSR_ASSIGN_OR_RETURN(MaskSpec spec, mask_spec(exp, src, train));
+    const std::vector<uint64_t> keys(ex.size(), mlm_eval_key(tc.seed, index));
+    TSR_ASSIGN_OR_RETURN(out.batch, make_mlm_batch(e, ex, keys, spec, &out.targets.tokens));
+    int64_t chosen = 0;
+    for (const Example* x : ex) {
+      std::vector<int32_t> ids(x->ids.size()), targets(x->ids.size());
+      std::vector<MaskChoice> choices(x->ids.size());
+      mask_sequence(spec, keys[0], x->ids.data(), x->roles.data(), x->n(), ids.data(), targets.data(), choices.data());
+      for (MaskChoice m : choices) chosen += m != MaskChoice::none;
+      out.choices.push_back(std::move(choices));
+    }
+    out.loss = "masked-LM cross-entropy at the " + std::to_string(chosen) + " chosen rows" + seqs;
+  } else {
+    TSR_ASSIGN_OR_RETURN(out.batch, make_batch(e, ex, &out.targets.labels));
+    if (tc.objective == Objective::lm) {
+      out.targets.labels = Tensor();
+      out.targets.tokens = next_token_targets(out.batch);
+      out.loss = "next-token cross-entropy over the item's rows" + seqs;
+    } else if (tc.objective == Objective::classify) {
+      out.loss = "cross-entropy against its label " + std::to_string(label) + seqs;
+    } else {
+      return Status::Invalid("--item: the model has neither a classifier nor an LM head: give --ids or --rows (the loss "
+                             "is then the sum of the final rows)");
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera
