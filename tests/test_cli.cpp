@@ -905,3 +905,27 @@ TEST(Cli, GradWritesEveryParametersGradientByName) {
   EXPECT_EQ(c.code, 2);
   EXPECT_TRUE(has(c.err, "give the item's class with --label N (0 <= N < 3)")) << c.err;
 }
+
+// `tessera grad --item N`: the dataset's N-th item with the targets training gives it (here a
+// masked LM's masks, the chosen rows listed); past the end, an error naming N and the size.
+TEST(Cli, GradItemTakesTheDatasetsItemWithItsMasks) {
+  const std::string out = ::testing::TempDir() + "tessera_cli_grad_item." + std::to_string(getpid());
+  const Ran r = run_cli("grad configs/train/protein_mlm.yaml --item 2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "item 2: ")) << r.out;
+  EXPECT_TRUE(has(r.out, "chosen rows: ")) << r.out;
+  EXPECT_TRUE(has(r.out, "(masked)")) << r.out;
+  EXPECT_TRUE(has(r.out, "masked-LM cross-entropy at the ")) << r.out;
+  auto file = tessera::safetensors::File::open(out + "/grad.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_TRUE(file->get("stem.embed").ok());
+  std::filesystem::remove_all(out);
+
+  const Ran past = run_cli("grad configs/train/protein_mlm.yaml --item 300 --out " + out);
+  EXPECT_EQ(past.code, 2);
+  EXPECT_TRUE(has(past.err, "--item 300 is out of range: the dataset ")) << past.err;
+  EXPECT_TRUE(has(past.err, "uniprot_sample.fasta has 300 items (0 to 299)")) << past.err;
+  const Ran both = run_cli("grad configs/train/protein_mlm.yaml --item 1 --ids 4,5,6 --out " + out);
+  EXPECT_EQ(both.code, 2);
+  EXPECT_TRUE(has(both.err, "give it without --ids, --rows and --label")) << both.err;
+}

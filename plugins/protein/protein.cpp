@@ -101,6 +101,8 @@ class Protein {
     info.causal = 0;
     info.pad_id = kPad;
     info.max_rows = max_length_;
+    info.has_mask = 1;
+    info.mask_id = kMask;
     return info;
   }
 

@@ -100,6 +100,8 @@ class TextPlugin {
     i.causal = kind_ == "wordpiece" ? 0 : 1;  // BERT reads both ways; GPT-2 and byte/char models left to right
     i.pad_id = tokenizer_->pad_id();
     i.max_rows = max_length_;
+    i.mask_id = tokenizer_->mask_id();
+    i.has_mask = i.mask_id >= 0 ? 1 : 0;
     return i;
   }
 

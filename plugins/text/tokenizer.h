@@ -38,6 +38,7 @@ class Tokenizer {
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int32_t pad_id() const = 0;  // -1: none
+  virtual int32_t mask_id() const { return -1; }  // the mask token (WordPiece's [MASK]); -1: none
 };
 
 // The tokenizers, each checking its files (errors carry the option that named the file).

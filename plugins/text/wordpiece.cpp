@@ -124,6 +124,7 @@ class WordPiece final : public Tokenizer {
     cls_ = id_of("[CLS]");
     sep_ = id_of("[SEP]");
     pad_ = id_of("[PAD]");
+    mask_ = id_of("[MASK]");
   }
 
   bool reads_unicode() const override { return true; }
@@ -180,6 +181,7 @@ class WordPiece final : public Tokenizer {
   }
   int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
   int32_t pad_id() const override { return pad_; }
+  int32_t mask_id() const override { return mask_; }
 
  private:
   static constexpr std::pair<std::string_view, std::string_view> kTokenCleanup[] = {
@@ -237,7 +239,7 @@ class WordPiece final : public Tokenizer {
   std::vector<std::string> special_names_;
   std::vector<int32_t> special_ids_;
   std::vector<tsr_role> special_roles_;
-  int32_t unk_ = -1, cls_ = -1, sep_ = -1, pad_ = -1;
+  int32_t unk_ = -1, cls_ = -1, sep_ = -1, pad_ = -1, mask_ = -1;
   // Scratch space reused across calls (an encoder serves one thread at a time).
   std::vector<Char> normalized_;
   std::vector<Piece> words_;

@@ -61,7 +61,14 @@ int run_eval(const EvalArgs& a) {
   const EvalResult& e = rep.result;
   nlohmann::json j = {{"set", rep.set}, {"weights", a.weights}, {"loss", e.loss}, {"counted", e.counted}};
   if (rep.failed) std::printf("%lld item(s) could not be read and are not counted\n", static_cast<long long>(rep.failed));
-  if (e.accuracy >= 0) {
+  if (e.accuracy >= 0 && e.bits_per_token >= 0) {  // a masked LM
+    std::printf("%s: %lld masked rows\n", rep.set.c_str(), static_cast<long long>(e.counted));
+    std::printf("masked-token loss %.4f nats   perplexity %.3f   %.4f bits per token   accuracy %.2f %%\n", e.loss,
+                std::exp(e.loss), e.bits_per_token, 100 * e.accuracy);
+    j["perplexity"] = std::exp(e.loss);
+    j["bits_per_token"] = e.bits_per_token;
+    j["accuracy"] = e.accuracy;
+  } else if (e.accuracy >= 0) {
     std::printf("%s: %lld items\n", rep.set.c_str(), static_cast<long long>(e.counted));
     std::printf("accuracy %.2f %%   macro-F1 %.4f   loss %.4f\n\n", 100 * e.accuracy, e.macro_f1, e.loss);
     const std::vector<ClassScore> s = class_scores(e.confusion);

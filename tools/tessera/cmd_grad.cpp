@@ -4,7 +4,9 @@
 //
 // The loss follows the model's head: an LM head takes next-token cross-entropy over the input ids;
 // a classifier takes cross-entropy against --label; a model without either takes the sum of its
-// final rows (every entry's gradient is then d(Σ hidden)/dθ).
+// final rows (every entry's gradient is then d(Σ hidden)/dθ). With --item N the batch is the N-th
+// item of the experiment's dataset, encoded as the trainer encodes it, with the targets training
+// gives it: its label, its next tokens, or (train.objective: mlm) its masks.
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +25,7 @@ struct GradArgs {
   std::string file, ids, rows, out_dir = "tessera-grad";
   std::vector<std::string> overrides;
   int label = -1;
+  int64_t item = -1;
   float label_smoothing = 0.f;
   bool reference = false;
 };
@@ -31,13 +34,27 @@ int run_grad(const GradArgs& a) {
   std::optional<Experiment> exp = load(a.file, a.overrides);
   if (!exp) return kExitBadInput;
   const ModelConfig& c = exp->model;
-  if (c.head.kind == HeadKind::classifier && (a.label < 0 || a.label >= c.head.n_classes)) {
+  if (a.item >= 0 && (!a.ids.empty() || !a.rows.empty() || a.label >= 0)) {
+    std::fprintf(stderr, "tessera grad: --item takes the item and its targets from the dataset: give it without --ids, "
+                         "--rows and --label\n");
+    return kExitBadInput;
+  }
+  std::optional<ExperimentItem> from_data;
+  if (a.item >= 0) {
+    Result<ExperimentItem> it = experiment_item(*exp, a.item);
+    if (!it.ok()) {
+      std::fprintf(stderr, "tessera grad: %s\n", it.status().message().c_str());
+      return kExitBadInput;
+    }
+    from_data = std::move(it).value();
+  }
+  if (!from_data && c.head.kind == HeadKind::classifier && (a.label < 0 || a.label >= c.head.n_classes)) {
     std::fprintf(stderr, "tessera grad: the model is a classifier of %lld classes: give the item's class with "
                          "--label N (0 <= N < %lld)\n",
                  static_cast<long long>(c.head.n_classes), static_cast<long long>(c.head.n_classes));
     return kExitBadInput;
   }
-  std::optional<Batch> batch = input_batch(*exp, a.ids, a.rows);
+  std::optional<Batch> batch = from_data ? std::optional<Batch>(from_data->batch) : input_batch(*exp, a.ids, a.rows);
   if (!batch) return kExitBadInput;
   Result<Parameters> resolved = Parameters::resolve(c);
   if (!resolved.ok()) {
@@ -47,8 +64,21 @@ int run_grad(const GradArgs& a) {
   const Parameters params = resolved->clone();
   Targets targets;
   targets.label_smoothing = a.label_smoothing;
-  const char* loss_name = "";
-  if (c.head.kind == HeadKind::lm) {
+  std::string loss_name;
+  if (from_data) {
+    targets = from_data->targets;
+    loss_name = from_data->loss;
+    std::printf("item %lld: %s\n", static_cast<long long>(a.item), from_data->id.c_str());
+    for (size_t s = 0; s < from_data->choices.size(); ++s) {
+      std::string rows;  // the chosen rows: 3 (masked), 7 (random), 9 (kept)
+      const char* what[] = {"", "masked", "random", "kept"};
+      for (size_t t = 0; t < from_data->choices[s].size(); ++t)
+        if (from_data->choices[s][t] != MaskChoice::none)
+          rows += (rows.empty() ? "" : ", ") + std::to_string(t) + " (" + what[static_cast<int>(from_data->choices[s][t])] + ")";
+      std::printf("chosen rows%s: %s\n", from_data->choices.size() > 1 ? (" of sequence " + std::to_string(s)).c_str() : "",
+                  rows.c_str());
+    }
+  } else if (c.head.kind == HeadKind::lm) {
     targets.tokens = next_token_targets(*batch);
     loss_name = "next-token cross-entropy";
   } else if (c.head.kind == HeadKind::classifier) {
@@ -91,7 +121,7 @@ int run_grad(const GradArgs& a) {
     return kExitFailure;
   }
   const char* unit = c.head.kind == HeadKind::lm ? "row" : "item";
-  std::printf("loss %s (%s, over %lld %s%s)\n", fmt(r->loss, 6, false).c_str(), loss_name,
+  std::printf("loss %s (%s, over %lld %s%s)\n", fmt(r->loss, 6, false).c_str(), loss_name.c_str(),
               static_cast<long long>(r->counted), unit, r->counted == 1 ? "" : "s");
   std::vector<std::vector<std::string>> rows{{"parameter", "shape", "|grad|"}};
   double total = 0;
@@ -116,6 +146,9 @@ void add_grad_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--ids", args->ids, "token ids, comma-separated (default: the experiment's input)");
   cmd->add_option("--rows", args->rows, "feature rows, .npy of (T, F) or (B, T, F)");
   cmd->add_option("--label", args->label, "the item's class, for a classifier");
+  cmd->add_option("--item", args->item,
+                  "the N-th item (from 0) of the experiment's dataset, with its label, next tokens or masks")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--label-smoothing", args->label_smoothing, "label smoothing in [0, 1)")->check(CLI::Range(0.0, 0.999));
   cmd->add_option("--out", args->out_dir, "output folder (grad.safetensors)")->capture_default_str();
   cmd->add_flag("--reference", args->reference, "run the plain reference loops instead of oneDNN");

@@ -268,7 +268,8 @@ struct BenchConfig {
 // ---------------------------------------------------------------------------------------------
 // Training (`tessera train`): the experiment's dataset, encoded by its plugin, trains the model.
 
-enum class Objective : int { auto_detect = 0, classify = 1, lm = 2 };
+// mlm: masked-LM (BERT/ESM style) for a non-causal model with an LM head (docs/TRAINING.md).
+enum class Objective : int { auto_detect = 0, classify = 1, lm = 2, mlm = 3 };
 enum class OptimizerKind : int { adamw = 0, sgd = 1 };
 enum class ScheduleKind : int { cosine = 0, linear = 1, constant = 2 };
 enum class TrainMetric : int { auto_detect = 0, loss = 1, accuracy = 2 };
@@ -324,6 +325,11 @@ struct TrainConfig {
   Baseline baseline = Baseline::none;  // lm: train a baseline instead of the model
   double add_k = 1.0;                  // unigram, bigram: add-k smoothing of the counts
   int64_t window = 8;                  // proximity: how many preceding tokens are averaged
+  // mlm: the share of each example's content rows chosen for the loss (80 % of them replaced by
+  // the mask token, 10 % by a random ordinary token, 10 % left as they are), and the mask token's
+  // id (-1: the plugin's own, [MASK] or <mask>).
+  double mask_prob = 0.15;
+  int64_t mask_id = -1;
 };
 
 struct Experiment {

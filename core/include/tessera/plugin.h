@@ -139,6 +139,9 @@ typedef struct tsr_encoder_info {
   /* Added after ABI 1's first release (read only when size covers it; 0 otherwise): */
   int32_t augments;    /* 1: augment() transforms rows under these options (training only) */
   int32_t reserved;
+  /* Added after augments (read only when size covers it; 0 otherwise): */
+  int32_t has_mask;    /* TSR_ROWS_IDS: 1 when the vocabulary has a mask token ([MASK], <mask>) */
+  int32_t mask_id;     /* its id when has_mask (masked-LM training replaces chosen rows by it) */
 } tsr_encoder_info;
 
 /* ---- Items in, rows out -------------------------------------------------------------------- */

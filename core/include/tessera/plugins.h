@@ -131,6 +131,9 @@ class Encoder {
   // seeded transform of `rows` (feature rows this encoder produced) into `features`, rows.size()
   // × width values. Deterministic in (rows, seed); non-finite output is refused.
   bool augments() const;
+  // The vocabulary's mask token (masked-LM training), or -1 when the plugin names none (an older
+  // plugin, feature rows, a vocabulary without [MASK]).
+  int32_t mask_id() const;
   Status augment(const TokenRows& rows, uint64_t seed, float* features) const;
 
   struct State;

@@ -108,10 +108,10 @@ struct TrainOptions {
 
 struct EvalResult {
   double loss = 0;          // mean cross-entropy (nats)
-  double accuracy = -1;     // classify: share of items right; -1 for lm
+  double accuracy = -1;     // classify: share of items right; mlm: of masked rows right; -1 for lm
   double macro_f1 = -1;     // classify
   double bits_per_token = -1;  // lm: loss / ln 2
-  int64_t counted = 0;      // items (classify) or predicted tokens (lm)
+  int64_t counted = 0;      // items (classify), predicted tokens (lm) or masked rows (mlm)
   std::vector<std::vector<int64_t>> confusion;  // classify: [true][predicted]
   // lm, from evaluate_experiment: the predicted tokens' text in UTF-8 characters, and the loss
   // in bits per character (total bits / characters); -1 where not measured.
@@ -160,6 +160,50 @@ struct EvalReport {
 };
 
 Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions& options);
+
+// ---------------------------------------------------------------------------------------------
+// Masked-LM masking (train.objective: mlm), BERT/ESM style. Each of an example's content rows
+// (role TSR_ROLE_CONTENT: never CLS, EOS, BOS, SEP, pad, unknown or an existing mask) is chosen
+// with probability `prob`; a chosen row is replaced by the mask token with probability 0.8, by a
+// random ordinary token with 0.1, and kept as it is with 0.1; the loss is the cross-entropy of the
+// original id at the chosen rows only. An example with content rows always has one chosen (the
+// row with the smallest draw, when the coin chose none), so no batch has nothing to learn.
+//
+// Every draw is a counter-based hash of (key, row): nothing depends on hidden generator state or
+// on the order rows are visited, so the same key gives the same masks on every thread count and
+// after a resume. Training keys on (train.seed, step, the example's index in the training set),
+// evaluation on (train.seed, the example's index in its set): every evaluation masks alike.
+
+struct MaskSpec {
+  double prob = 0.15;
+  int32_t mask_id = -1;
+  std::vector<int32_t> random_ids;  // what a random replacement draws from (uniformly); not empty
+};
+
+// What masking did to one row.
+enum class MaskChoice : uint8_t { none = 0, masked = 1, random = 2, kept = 3 };
+inline constexpr double kMaskShare = 0.8, kRandomShare = 0.1;  // the rest of the chosen: kept
+
+uint64_t mlm_train_key(int64_t seed, int64_t step, int64_t example);
+uint64_t mlm_eval_key(int64_t seed, int64_t example);
+
+// One sequence of n rows: `ids` in, `out_ids` (the input with its chosen rows replaced) and
+// `targets` (the original id at chosen rows, -1 elsewhere) out; `choices` (n) when given.
+void mask_sequence(const MaskSpec& spec, uint64_t key, const int32_t* ids, const uint8_t* roles, int64_t n,
+                   int32_t* out_ids, int32_t* targets, MaskChoice* choices = nullptr);
+
+// One item of the experiment's dataset as the trainer lists and encodes it (0-based, in
+// read_dataset's order), as a batch of its sequences (usually one) with the targets training
+// gives it: its label (classify), next-token targets (lm), or its masks (mlm: the fixed masks of
+// mlm_eval_key(seed, index)). Out of range: an error naming the index and the dataset's size.
+struct ExperimentItem {
+  std::string id;      // the item's id
+  Batch batch;
+  Targets targets;
+  std::string loss;    // the loss in words ("masked-LM cross-entropy over 7 masked rows")
+  std::vector<std::vector<MaskChoice>> choices;  // mlm: per sequence, per row
+};
+Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index);
 
 // ---------------------------------------------------------------------------------------------
 // Baselines (train.baseline), the yardsticks an LM's bits per token are read against. The trainer

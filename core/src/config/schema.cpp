@@ -53,7 +53,7 @@ const Names<HeadKind> kHeadNames = {{"none", HeadKind::none},
                                     {"classifier", HeadKind::classifier},
                                     {"lm", HeadKind::lm}};
 const Names<Objective> kObjectiveNames = {
-    {"auto", Objective::auto_detect}, {"classify", Objective::classify}, {"lm", Objective::lm}};
+    {"auto", Objective::auto_detect}, {"classify", Objective::classify}, {"lm", Objective::lm}, {"mlm", Objective::mlm}};
 const Names<OptimizerKind> kOptimizerNames = {{"adamw", OptimizerKind::adamw}, {"sgd", OptimizerKind::sgd}};
 const Names<ScheduleKind> kScheduleNames = {
     {"cosine", ScheduleKind::cosine}, {"linear", ScheduleKind::linear}, {"constant", ScheduleKind::constant}};
@@ -1255,8 +1255,8 @@ std::vector<KeyRule> build_rules() {
 void append_train_keys(std::vector<KeyRule>& r) {
   auto unit = [](double v) { return v >= 0 && v < 1; };
   r.push_back(enum_key("train.objective", kObjectiveNames, "auto",
-                       "classify (labels of a classifier head) or lm (next-token loss of an LM head); auto: the head "
-                       "decides",
+                       "classify (labels of a classifier head), lm (next-token loss of an LM head) or mlm (masked-LM "
+                       "loss of a non-causal model's LM head, BERT/ESM style); auto: the head decides (lm for an LM head)",
                        FIELD(train.objective)));
   r.push_back(int_key("train.epochs", kAtLeastOne, "1", "passes over the training data", FIELD(train.epochs)));
   r.push_back(int_key("train.max_steps", kNonNegative, "0", "optimizer steps in all; 0: epochs decide",
@@ -1313,7 +1313,8 @@ void append_train_keys(std::vector<KeyRule>& r) {
   r.push_back(int_key("train.eval_every", kNonNegative, "0", "steps between evaluations; 0: at the end of each epoch",
                       FIELD(train.eval_every)));
   r.push_back(enum_key("train.metric", kMetricNames, "auto",
-                       "what picks the best checkpoint and early stopping: accuracy (classify) or loss (lm)",
+                       "what picks the best checkpoint and early stopping: accuracy (classify; mlm: at the masked "
+                       "rows) or loss (lm, mlm)",
                        FIELD(train.metric)));
   r.push_back(int_key("train.patience", kNonNegative, "0",
                       "stop after this many evaluations without a better metric; 0: never", FIELD(train.patience)));
@@ -1328,12 +1329,20 @@ void append_train_keys(std::vector<KeyRule>& r) {
   r.push_back(enum_key("train.baseline", kBaselineNames, "none",
                        "lm: train a baseline instead of the model: unigram or bigram (counted on the training "
                        "stream, add-k smoothed), or proximity (the next token from the mean of the last `window` "
-                       "token embeddings, width d_model, trained by gradient)",
+                       "token embeddings, width d_model, trained by gradient); mlm: unigram only, scored on the "
+                       "masked rows",
                        FIELD(train.baseline)));
   r.push_back(float_range_key("train.add_k", "> 0", [](double v) { return v > 0; }, "1",
                               "unigram, bigram: added to every count (add-k smoothing)", FIELD(train.add_k)));
   r.push_back(int_key("train.window", kAtLeastOne, "8", "proximity: how many preceding tokens are averaged",
                       FIELD(train.window)));
+  r.push_back(float_range_key("train.mask_prob", "in (0, 1)", [](double v) { return v > 0 && v < 1; }, "0.15",
+                              "mlm: share of each example's content rows chosen for the loss (80 % replaced by the "
+                              "mask token, 10 % by a random token, 10 % kept)",
+                              FIELD(train.mask_prob)));
+  r.push_back(int_key("train.mask_id", {-1, ">= -1", kIntMax}, "-1",
+                      "mlm: the mask token's id; -1: the plugin's ([MASK] of a WordPiece vocabulary, ESM's <mask>)",
+                      FIELD(train.mask_id)));
   // A section of its own inside train: last, so that train's keys stay in one piece (to_yaml).
   r.push_back(float_range_key("train.dropout.embedding", "in [0, 1)", +unit, "0",
                               "dropout on the stem's output (embeddings and positions summed) while training",
@@ -1756,6 +1765,29 @@ void resolve_freeze(WalkContext& c) {
             "leave the head (or some other part) out of train.freeze");
 }
 
+// train.objective: mlm: a non-causal model with an LM head over token ids, and a mask token
+// inside its vocabulary (whether the plugin has one is known only when it is loaded).
+void resolve_mlm(WalkContext& c) {
+  const ModelConfig& m = c.exp->model;
+  const TrainConfig& t = c.exp->train;
+  if (m.head.kind != HeadKind::lm)
+    c.error(c.where("train.objective"), "train.objective",
+            std::string("mlm needs an LM head, but model.head.kind is ") + head_kind_name(m.head.kind),
+            "set model.head: {kind: lm} (tied or untied)");
+  if (m.causal)
+    c.error(c.where("train.objective"), "train.objective",
+            "mlm predicts a masked token from both sides, but the model is causal (a decoder sees only the left)",
+            "train an encoder (model.arch: encoder, causal: false), or use train.objective: lm for a decoder");
+  if (m.stem.kind != StemKind::tokens)
+    c.error(c.where("train.objective"), "train.objective",
+            std::string("mlm masks token ids, but model.stem.kind is ") + stem_kind_name(m.stem.kind),
+            "use stem.kind: tokens with a plugin that gives ids (text, protein)");
+  if (t.mask_id >= 0 && m.stem.vocab_size > 0 && t.mask_id >= m.stem.vocab_size)
+    c.error(c.where("train.mask_id"), "train.mask_id",
+            "the mask token's id " + str(t.mask_id) + " is outside model.stem.vocab_size " + str(m.stem.vocab_size),
+            "choose an id below the vocabulary size, or -1 for the plugin's mask token");
+}
+
 }  // namespace
 }  // namespace config
 
@@ -1791,6 +1823,7 @@ void resolve(WalkContext& c) {
     c.error(c.where("train.objective"), "train.objective",
             std::string("lm needs an LM head, but model.head.kind is ") + head_kind_name(head),
             "set model.head.kind: lm");
+  if (t.objective == Objective::mlm) resolve_mlm(c);
   if (!c.is_given("train.seq_len")) t.seq_len = std::min<int64_t>(c.exp->model.positions.max_len, 128);
   if (t.metric == TrainMetric::auto_detect && t.objective != Objective::auto_detect)
     t.metric = t.objective == Objective::classify ? TrainMetric::accuracy : TrainMetric::loss;
@@ -1798,14 +1831,19 @@ void resolve(WalkContext& c) {
     c.error(c.where("train.accumulate"), "train.accumulate",
             "batch_size " + str(t.batch_size) + " does not divide into " + str(t.accumulate) + " micro-batches",
             "choose accumulate so that batch_size / accumulate is a whole number");
-  if (c.is_given("train.separator") && t.objective == Objective::classify)
+  // (A masked LM's resolved config prints the default, which must load again.)
+  if (c.is_given("train.separator") &&
+      (t.objective == Objective::classify || (t.objective == Objective::mlm && t.separator != "\n")))
     c.error(c.where("train.separator"), "train.separator",
-            "only an lm objective joins items into a stream; a classifier trains on each item alone",
+            "only an lm objective joins items into a stream; a classifier or masked LM trains on each item alone",
             "remove train.separator, or train an LM head");
-  if (c.is_given("train.baseline") && t.baseline != Baseline::none && t.objective != Objective::lm)
+  if (c.is_given("train.baseline") && t.baseline != Baseline::none && t.objective != Objective::lm &&
+      !(t.objective == Objective::mlm && t.baseline == Baseline::unigram))
     c.error(c.where("train.baseline"), "train.baseline",
             std::string(name_of(kBaselineNames, t.baseline)) + " is a language-model baseline, but the objective is " +
-                (t.objective == Objective::classify ? "classify" : "not lm"),
+                (t.objective == Objective::classify ? "classify"
+                 : t.objective == Objective::mlm    ? "mlm (a masked LM has the unigram baseline only)"
+                                                    : "not lm"),
             "train an LM head (model.head.kind: lm), or remove train.baseline");
   for (const std::string& g : t.no_decay)
     if (g != "norms" && g != "biases" && g != "embeddings")

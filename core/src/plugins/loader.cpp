@@ -20,7 +20,8 @@ static_assert(offsetof(tsr_option_spec, name) == 8 && offsetof(tsr_option_spec, 
 static_assert(offsetof(tsr_plugin_info, options) == 40 && offsetof(tsr_plugin_info, extensions) == 56 &&
               sizeof(tsr_plugin_info) == 64);
 static_assert(offsetof(tsr_encoder_info, vocab_size) == 16 && offsetof(tsr_encoder_info, max_rows) == 32 &&
-              offsetof(tsr_encoder_info, augments) == 40 && sizeof(tsr_encoder_info) == 48);
+              offsetof(tsr_encoder_info, augments) == 40 && offsetof(tsr_encoder_info, has_mask) == 48 &&
+              offsetof(tsr_encoder_info, mask_id) == 52 && sizeof(tsr_encoder_info) == 56);
 static_assert(offsetof(tsr_item, data) == 24 && offsetof(tsr_item, source_line) == 48 && sizeof(tsr_item) == 56);
 static_assert(sizeof(tsr_provenance) == 40 && offsetof(tsr_provenance, x0) == 8);
 static_assert(offsetof(tsr_picture, pixels) == 16 && sizeof(tsr_picture) == 56);
@@ -336,6 +337,12 @@ Result<std::vector<TokenRows>> Encoder::encode(const PluginItem& item) const {
   if (enc) t->release(state_->instance, enc);
   if (!problem.ok()) return problem;
   return out;
+}
+
+int32_t Encoder::mask_id() const {
+  const tsr_encoder_info& i = state_->info;
+  if (i.rows_kind != TSR_ROWS_IDS || i.has_mask != 1) return -1;
+  return i.mask_id >= 0 && i.mask_id < i.vocab_size ? i.mask_id : -1;
 }
 
 bool Encoder::augments() const {

@@ -237,6 +237,7 @@ Status write_plots(const std::string& dir, const std::vector<std::string>& class
         if (e.contains(k)) {
           metric_name = k;
           metric.xy.emplace_back(step, e[k].get<double>() * (metric_name == "accuracy" ? 100.0 : 1.0));
+          break;  // a masked LM has both: its accuracy is plotted
         }
     }
   }
@@ -266,9 +267,11 @@ Status write_report(const std::string& dir, const std::string& experiment_file, 
   };
   auto figures = [&](const EvalResult& e) {
     std::string t = "loss " + fixed(e.loss, 4);
-    if (e.accuracy >= 0) t += ", accuracy " + pct(e.accuracy) + ", macro-F1 " + fixed(e.macro_f1, 4);
+    const bool masked = e.accuracy >= 0 && e.bits_per_token >= 0;  // a masked LM: accuracy at the masked rows
+    if (e.accuracy >= 0) t += ", accuracy " + pct(e.accuracy) + (masked ? "" : ", macro-F1 " + fixed(e.macro_f1, 4));
     if (e.bits_per_token >= 0) t += ", " + fixed(e.bits_per_token, 4) + " bits per token";
-    return t + " (" + std::to_string(e.counted) + (e.accuracy >= 0 ? " items)" : " tokens)");
+    return t + " (" + std::to_string(e.counted) +
+           (masked ? " masked rows)" : e.accuracy >= 0 ? " items)" : " tokens)");
   };
   r << "# Training run: " << fs::path(experiment_file).filename().string() << "\n\n";
   r << "- experiment: `" << experiment_file << "`\n";

@@ -3,6 +3,7 @@
 target_sources(tessera PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/trainer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/baseline.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/masking.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
   ${CMAKE_CURRENT_LIST_DIR}/optim.cpp)
 # The optimizer's arithmetic as written: no multiply-adds fused behind the code's back (torch's

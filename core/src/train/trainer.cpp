@@ -167,7 +167,7 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
       continue;
     }
     int32_t label = -1;
-    if (!lm) {
+    if (!lm && exp.train.objective == Objective::classify) {
       label = class_index(classes, label_text(item));
       if (label < 0) {
         fail("label \"" + label_text(item) + "\" is not one of the " + std::to_string(classes.size()) + " classes");
@@ -196,6 +196,11 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
         e.stream.insert(e.stream.end(), r.ids.begin(), r.ids.end());
         continue;
       }
+      if (exp.train.objective == Objective::mlm &&
+          std::none_of(r.roles.begin(), r.roles.end(), [](uint8_t role) { return role == TSR_ROLE_CONTENT; })) {
+        fail("no content rows to mask (only special rows)");
+        continue;
+      }
       Example ex;
       ex.label = label;
       ex.roles = r.roles;
@@ -209,9 +214,52 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
       e.items.push_back(std::move(ex));
     }
   }
-  (void)exp;
   return e;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Masked LM (train.objective: mlm)
+
+// The mask token (train.mask_id, else the plugin's) and the ordinary tokens a random replacement
+// draws from: the distinct ids of the training set's content rows, in id order, the mask token
+// not among them. No mask token is an error at train.mask_id's (or train.objective's) place.
+Result<MaskSpec> mask_spec(const Experiment& exp, const Source& src, const Encoded& train) {
+  const TrainConfig& tc = exp.train;
+  MaskSpec spec;
+  spec.prob = tc.mask_prob;
+  if (!train.ids)
+    return Status::Invalid(Diagnostic{exp.where("train.objective"), "train.objective",
+                                      "mlm masks token ids, but the " + src.plugin->name() + " plugin gives feature rows",
+                                      "use a plugin that gives ids (text, protein)"}.str());
+  spec.mask_id = tc.mask_id >= 0 ? static_cast<int32_t>(tc.mask_id) : src.encoder.mask_id();
+  if (spec.mask_id < 0) {
+    const bool given = exp.locations.count("train.mask_id") > 0;
+    return Status::Invalid(Diagnostic{exp.where(given ? "train.mask_id" : "train.objective"),
+                                      given ? "train.mask_id" : "train.objective",
+                                      "mlm needs a mask token, and the " + src.plugin->name() +
+                                          " plugin's vocabulary under these options has none",
+                                      "set train.mask_id to an id the model's vocabulary holds that the data never "
+                                      "uses (a WordPiece vocabulary's [MASK] and ESM's <mask> are found by themselves)"}
+                               .str());
+  }
+  if (spec.mask_id >= exp.model.stem.vocab_size)
+    return Status::Invalid(Diagnostic{exp.where("train.objective"), "train.objective",
+                                      "the plugin's mask token is id " + std::to_string(spec.mask_id) +
+                                          ", outside model.stem.vocab_size " + std::to_string(exp.model.stem.vocab_size),
+                                      "raise model.stem.vocab_size to the plugin's vocabulary"}
+                               .str());
+  std::vector<char> seen(static_cast<size_t>(exp.model.stem.vocab_size), 0);
+  for (const Example& e : train.items)
+    for (size_t t = 0; t < e.ids.size(); ++t)
+      if (e.roles[t] == TSR_ROLE_CONTENT && e.ids[t] >= 0 && e.ids[t] < exp.model.stem.vocab_size)
+        seen[static_cast<size_t>(e.ids[t])] = 1;
+  for (size_t v = 0; v < seen.size(); ++v)
+    if (seen[v] && static_cast<int32_t>(v) != spec.mask_id) spec.random_ids.push_back(static_cast<int32_t>(v));
+  if (spec.random_ids.empty())
+    return Status::Invalid("train: mlm: the training set has no content tokens to mask");
+  return spec;
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Batches
@@ -262,6 +310,23 @@ Result<Batch> make_batch(const Encoded& data, const std::vector<const Example*>&
   return b;
 }
 
+// mlm: the examples as one padded batch, each masked under its key; targets (B, T) hold the
+// original id at the chosen rows and -1 elsewhere (padding included).
+Result<Batch> make_mlm_batch(const Encoded& data, const std::vector<const Example*>& ex, const std::vector<uint64_t>& keys,
+                             const MaskSpec& spec, Tensor* targets) {
+  Tensor labels;
+  TSR_ASSIGN_OR_RETURN(Batch b, make_batch(data, ex, &labels));
+  const int64_t B = b.ids.shape()[0], T = b.ids.shape()[1];
+  *targets = Tensor::empty({B, T}, DType::i32);
+  std::fill(targets->data<int32_t>(), targets->data<int32_t>() + B * T, -1);
+  for (int64_t i = 0; i < B; ++i) {
+    const Example& e = *ex[static_cast<size_t>(i)];
+    mask_sequence(spec, keys[static_cast<size_t>(i)], e.ids.data(), e.roles.data(), e.n(), b.ids.data<int32_t>() + i * T,
+                  targets->data<int32_t>() + i * T);
+  }
+  return b;
+}
+
 // LM windows: seq_len + 1 ids from `offsets`, the first seq_len as input, the last seq_len as targets.
 Batch make_windows(const std::vector<int32_t>& stream, const std::vector<int64_t>& offsets, int64_t T,
                    Tensor* targets) {
@@ -298,7 +363,8 @@ double cross_entropy_row(const float* z, int64_t V, int32_t y) {
   return std::log(s) + mx - z[y];
 }
 
-Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, const Encoded& data, int64_t batch) {
+Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, const Encoded& data, int64_t batch,
+                            const MaskSpec* spec = nullptr) {
   const ModelConfig& c = exp.model;
   Result<Model> m = Model::build(c, params);
   if (!m.ok()) return m.status();
@@ -339,6 +405,33 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
       f1 += tp ? 2.0 * static_cast<double>(tp) / static_cast<double>(2 * tp + fp + fn) : 0.0;
     }
     r.macro_f1 = f1 / static_cast<double>(K);
+  } else if (exp.train.objective == Objective::mlm) {
+    // Every example under its fixed mask (keyed by its index in the set): the masked rows' loss
+    // and how many of them the arg-max gets right.
+    const int64_t V = c.stem.vocab_size;
+    int64_t right = 0;
+    for (size_t i0 = 0; i0 < data.items.size(); i0 += static_cast<size_t>(batch)) {
+      std::vector<const Example*> ex;
+      std::vector<uint64_t> keys;
+      for (size_t i = i0; i < std::min(data.items.size(), i0 + static_cast<size_t>(batch)); ++i) {
+        ex.push_back(&data.items[i]);
+        keys.push_back(mlm_eval_key(exp.train.seed, static_cast<int64_t>(i)));
+      }
+      Tensor targets;
+      TSR_ASSIGN_OR_RETURN(const Batch b, make_mlm_batch(data, ex, keys, *spec, &targets));
+      Outputs out;
+      TSR_RETURN_IF_ERROR(m->forward(b, fo, &out));
+      for (int64_t i = 0; i < targets.numel(); ++i) {
+        const int32_t y = targets.data<int32_t>()[i];
+        if (y < 0) continue;
+        const float* z = out.logits.data<float>() + i * V;
+        total += cross_entropy_row(z, V, y);
+        right += std::max_element(z, z + V) - z == y;
+        ++r.counted;
+      }
+    }
+    r.accuracy = r.counted ? static_cast<double>(right) / static_cast<double>(r.counted) : 0;
+    r.bits_per_token = r.counted ? total / static_cast<double>(r.counted) / std::log(2.0) : 0;
   } else {
     // Non-overlapping windows over the whole held-out stream; each predicts seq_len tokens.
     const int64_t T = exp.train.seq_len, V = c.stem.vocab_size;
@@ -365,6 +458,7 @@ json eval_json(const EvalResult& e) {
   if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
   if (e.macro_f1 >= 0) j["macro_f1"] = e.macro_f1;
   if (e.bits_per_token >= 0) j["bits_per_token"] = e.bits_per_token;
+  if (e.bits_per_token >= 0 && e.accuracy >= 0) j["perplexity"] = std::exp(e.loss);  // mlm
   return j;
 }
 
@@ -629,6 +723,56 @@ Result<TrainSummary> train_baseline(const BaselineRun& run, TrainSummary sum, co
   return sum;
 }
 
+// mlm: the unigram baseline. Each token's count over the training items' content rows, add-k
+// smoothed over the V ids, scored on the held-out items' masked rows (the model's own fixed
+// masks): loss, bits per token, and accuracy (the most frequent token, wherever a row is masked).
+Result<TrainSummary> train_mlm_baseline(const Experiment& exp, const Encoded& train, const Encoded& val, const MaskSpec& spec,
+                                        TrainSummary sum, const std::string& hash, Progress& progress,
+                                        std::chrono::steady_clock::time_point t0) {
+  const TrainConfig& tc = exp.train;
+  const int64_t V = exp.model.stem.vocab_size;
+  std::vector<int32_t> content;
+  for (const Example& e : train.items)
+    for (size_t t = 0; t < e.ids.size(); ++t)
+      if (e.roles[t] == TSR_ROLE_CONTENT) content.push_back(e.ids[t]);
+  TSR_ASSIGN_OR_RETURN(NgramModel m, NgramModel::count(1, content, V, tc.add_k));
+  const int32_t top = static_cast<int32_t>(std::max_element(m.unigrams.begin(), m.unigrams.end()) - m.unigrams.begin());
+  double nats = 0;
+  int64_t counted = 0, right = 0;
+  for (size_t i = 0; i < val.items.size(); ++i) {
+    const Example& e = val.items[i];
+    std::vector<int32_t> ids(e.ids.size()), targets(e.ids.size());
+    mask_sequence(spec, mlm_eval_key(tc.seed, static_cast<int64_t>(i)), e.ids.data(), e.roles.data(), e.n(), ids.data(),
+                  targets.data());
+    for (int32_t y : targets) {
+      if (y < 0) continue;
+      if (y >= V)
+        return Status::Invalid("train: a held-out token is id " + std::to_string(y) + ", outside model.stem.vocab_size " +
+                               std::to_string(V));
+      nats -= std::log(m.prob(-1, y));
+      right += y == top;
+      ++counted;
+    }
+  }
+  EvalResult best = nats_result(nats, counted);
+  best.accuracy = counted ? static_cast<double>(right) / static_cast<double>(counted) : 0;
+  std::ofstream metrics((fs::path(sum.dir) / "metrics.jsonl").string(), std::ios::app);
+  metrics << json({{"step", 0}, {"event", "start"}, {"config_hash", hash}, {"baseline", "unigram"}, {"objective", "mlm"},
+                   {"add_k", tc.add_k}, {"tokens", m.total}, {"steps", 0}, {"parameters", 0}})
+                 .dump()
+          << "\n"
+          << json({{"step", 0}, {"epoch", 1}, {"eval", eval_json(best)}, {"best", true}}).dump() << "\n";
+  progress.line("unigram baseline (add-" + std::to_string(tc.add_k) + ", counted on " + std::to_string(m.total) +
+                " content tokens), on " + std::to_string(counted) + " masked held-out rows: loss " +
+                std::to_string(best.loss) + ", accuracy " + std::to_string(best.accuracy));
+  sum.best = best;
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  json s = {{"baseline", "unigram"}, {"steps", 0}, {"best_step", 0}, {"best", eval_json(best)},
+            {"seconds", sum.seconds}, {"stopped_early", false}, {"classes", json::array()}};
+  TSR_RETURN_IF_ERROR(write_file_atomic((fs::path(sum.dir) / "summary.json").string(), s.dump(2) + "\n"));
+  return sum;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -663,7 +807,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   // Data.
   TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
   std::vector<std::string> classes;
-  if (!lm) {
+  if (tc.objective == Objective::classify) {
     Result<std::vector<DataItem>> listed =
         read_dataset(exp.data, {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}});
     if (!listed.ok()) return listed.status().with_prefix("data.path");
@@ -681,6 +825,11 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   if (all.failed) progress.line("train: " + std::to_string(all.failed) + " item(s) could not be read: " + all.errors[0]);
   Encoded train, val;
   TSR_RETURN_IF_ERROR(split_data(exp, src, classes, lm, sep, std::move(all), &train, &val));
+  const bool mlm = tc.objective == Objective::mlm;
+  MaskSpec spec;
+  if (mlm) {
+    TSR_ASSIGN_OR_RETURN(spec, mask_spec(exp, src, train));
+  }
   const int64_t T = tc.seq_len;
   const int64_t n_train = lm ? (static_cast<int64_t>(train.stream.size()) - T - 1) : static_cast<int64_t>(train.items.size());
   if (n_train <= 0)
@@ -701,11 +850,13 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   }
   TSR_RETURN_IF_ERROR(check_schedule(schedule_options(tc), total));
   if (tc.baseline != Baseline::none) {
+    if (mlm && val.items.empty()) return Status::Invalid("train: no held-out items to evaluate the baseline on");
     if (opt.resume)
       return Status::Invalid("train --resume: a baseline (train.baseline: " + std::string(baseline_name(tc.baseline)) +
                              ") keeps no checkpoints; run it again with --force");
     if (fs::exists(metrics_path, ec) && !opt.force)
       return Status::Invalid("train: " + sum.dir + " already holds a run (metrics.jsonl): pass --force to start over");
+    if (mlm) return train_mlm_baseline(exp, train, val, spec, sum, config_hash(exp), progress, t0);
     return train_baseline({exp, train.stream, val.stream, total, steps_per_epoch, n_train}, sum, config_hash(exp),
                           progress, t0);
   }
@@ -831,6 +982,17 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       tg.label_smoothing = static_cast<float>(tc.label_smoothing);
       if (lm) {
         b = make_windows(train.stream, mb, T, &tg.tokens);
+      } else if (mlm) {
+        // Each example masked afresh at every step, keyed by (seed, step, its training index).
+        std::vector<const Example*> ex;
+        std::vector<uint64_t> keys;
+        for (int64_t i : mb) {
+          ex.push_back(&train.items[static_cast<size_t>(i)]);
+          keys.push_back(mlm_train_key(tc.seed, step, i));
+        }
+        Result<Batch> made = make_mlm_batch(train, ex, keys, spec, &tg.tokens);
+        if (!made.ok()) return made.status().with_prefix("train: step " + std::to_string(step + 1));
+        b = std::move(made).value();
       } else {
         std::vector<const Example*> ex;
         Augment aug;
@@ -878,7 +1040,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     const bool epoch_end = step % steps_per_epoch == 0;
     const bool eval_now = tc.eval_every > 0 ? step % tc.eval_every == 0 || step == total : epoch_end || step == total;
     if (eval_now) {
-      TSR_ASSIGN_OR_RETURN(EvalResult e, evaluate(exp, params, val, micro));
+      TSR_ASSIGN_OR_RETURN(EvalResult e, evaluate(exp, params, val, micro, &spec));
       // Finite gradients can still step to weights whose outputs overflow: such weights are
       // neither the best nor a checkpoint to resume from.
       if (!std::isfinite(e.loss)) return diverged(step, "validation loss is not finite (NaN or Inf)");
@@ -920,7 +1082,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     td.limit = 0;
     TSR_ASSIGN_OR_RETURN(Encoded test, encode(exp, td, src, classes, lm, sep));
     TSR_ASSIGN_OR_RETURN(Parameters best_params, load_weights((fs::path(sum.dir) / "best.safetensors").string(), c));
-    TSR_ASSIGN_OR_RETURN(sum.test, evaluate(exp, best_params, test, micro));
+    TSR_ASSIGN_OR_RETURN(sum.test, evaluate(exp, best_params, test, micro, &spec));
     log({{"step", step}, {"test", eval_json(sum.test)}, {"weights", "best.safetensors"}});
   }
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -978,7 +1140,8 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
   }
   TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
   EvalReport rep;
-  if (!lm) {
+  const bool mlm = tc.objective == Objective::mlm;
+  if (tc.objective == Objective::classify) {
     if (exp.data.path.empty() && c.head.labels.empty())
       return Status::Invalid("eval: the classes come from model.head.labels or the training data (data.path); give one");
     if (c.head.labels.empty()) {
@@ -995,6 +1158,15 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
     TSR_ASSIGN_OR_RETURN(sep, separator_ids(exp, src));
   }
   Encoded set;
+  // mlm: the masks' random replacements draw from the training set's tokens, as in training.
+  MaskSpec spec;
+  if (mlm) {
+    if (exp.data.path.empty()) return Status::Invalid("eval: a masked LM's masks need the training data (data.path)");
+    TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, rep.classes, lm, sep));
+    Encoded train, held;
+    TSR_RETURN_IF_ERROR(split_data(exp, src, rep.classes, lm, sep, std::move(all), &train, &held));
+    TSR_ASSIGN_OR_RETURN(spec, mask_spec(exp, src, train));
+  }
   if (!o.data.empty() || o.test) {
     DataConfig d = exp.data;
     d.path = o.data.empty() ? tc.test_data : o.data;
@@ -1018,7 +1190,7 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
     return Status::Invalid("eval: " + rep.set + " has nothing to score" +
                            (lm ? " (fewer than train.seq_len + 1 tokens)" : std::string(" (no items)")));
   // In the batches training evaluates in, so that the figures agree to the bit.
-  TSR_ASSIGN_OR_RETURN(rep.result, evaluate(exp, params, set, tc.batch_size / tc.accumulate));
+  TSR_ASSIGN_OR_RETURN(rep.result, evaluate(exp, params, set, tc.batch_size / tc.accumulate, &spec));
   if (lm) {
     // The scored tokens are the targets of whole windows: stream[1 .. n·T].
     const int64_t T = tc.seq_len, n = (static_cast<int64_t>(set.stream.size()) - 1) / T;
@@ -1032,6 +1204,97 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
     }
   }
   return rep;
+}
+
+}  // namespace tessera
+
+// ---------------------------------------------------------------------------------------------
+// One item of the dataset with its training targets (`tessera grad --item N`)
+
+namespace tessera {
+
+Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
+  const ModelConfig& c = exp.model;
+  const TrainConfig& tc = exp.train;
+  if (exp.data.path.empty()) return Status::Invalid("--item: the experiment has no data.path to take item " +
+                                                    std::to_string(index) + " from");
+  TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
+  Result<std::vector<DataItem>> listed =
+      read_dataset(exp.data, {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}});
+  if (!listed.ok()) return listed.status().with_prefix("data.path");
+  const int64_t n = static_cast<int64_t>(listed->size());
+  if (index < 0 || index >= n)
+    return Status::Invalid("--item " + std::to_string(index) + " is out of range: the dataset " + exp.data.path + " has " +
+                           std::to_string(n) + " item" + (n == 1 ? "" : "s") +
+                           (n > 0 ? " (0 to " + std::to_string(n - 1) + ")" : std::string()));
+  const DataItem& item = (*listed)[static_cast<size_t>(index)];
+  ExperimentItem out;
+  out.id = item.id;
+  if (!item.error.empty()) return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): " + item.error);
+  int32_t label = -1;
+  if (tc.objective == Objective::classify) {
+    const std::vector<std::string> classes = class_names(c, *listed);
+    label = class_index(classes, label_text(item));
+    if (label < 0)
+      return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): its label \"" + label_text(item) +
+                             "\" is not one of the " + std::to_string(classes.size()) + " classes");
+  }
+  TSR_ASSIGN_OR_RETURN(std::string bytes, item_part_bytes(item.parts[0]));
+  PluginItem pi;
+  pi.id = item.id;
+  pi.source = item.parts[0].path;
+  pi.data = std::move(bytes);
+  pi.source_offset = item.parts[0].offset;
+  pi.source_line = item.parts[0].line;
+  Result<std::vector<TokenRows>> rows = src.encoder.encode(pi);
+  if (!rows.ok()) return rows.status().with_prefix("--item " + std::to_string(index));
+  Encoded e;
+  e.ids = src.encoder.info().rows_kind == TSR_ROWS_IDS;
+  e.width = e.ids ? 0 : src.encoder.info().width;
+  for (const TokenRows& r : *rows) {
+    Example ex;
+    ex.label = label;
+    ex.roles = r.roles;
+    if (e.ids) ex.ids = r.ids;
+    else ex.rows.assign(r.features.data<float>(), r.features.data<float>() + r.features.numel());
+    e.items.push_back(std::move(ex));
+  }
+  std::vector<const Example*> ex;
+  for (const Example& x : e.items) ex.push_back(&x);
+  out.targets.label_smoothing = static_cast<float>(tc.label_smoothing);
+  const std::string seqs = e.items.size() == 1 ? "" : " of its " + std::to_string(e.items.size()) + " sequences";
+  if (tc.objective == Objective::mlm) {
+    // The random replacements draw from the training set's tokens, as training's do.
+    std::vector<std::string> none;
+    TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, none, false));
+    Encoded train, val;
+    TSR_RETURN_IF_ERROR(split_data(exp, src, none, false, {}, std::move(all), &train, &val));
+    TSR_ASSIGN_OR_RETURN(MaskSpec spec, mask_spec(exp, src, train));
+    const std::vector<uint64_t> keys(ex.size(), mlm_eval_key(tc.seed, index));
+    TSR_ASSIGN_OR_RETURN(out.batch, make_mlm_batch(e, ex, keys, spec, &out.targets.tokens));
+    int64_t chosen = 0;
+    for (const Example* x : ex) {
+      std::vector<int32_t> ids(x->ids.size()), targets(x->ids.size());
+      std::vector<MaskChoice> choices(x->ids.size());
+      mask_sequence(spec, keys[0], x->ids.data(), x->roles.data(), x->n(), ids.data(), targets.data(), choices.data());
+      for (MaskChoice m : choices) chosen += m != MaskChoice::none;
+      out.choices.push_back(std::move(choices));
+    }
+    out.loss = "masked-LM cross-entropy at the " + std::to_string(chosen) + " chosen rows" + seqs;
+  } else {
+    TSR_ASSIGN_OR_RETURN(out.batch, make_batch(e, ex, &out.targets.labels));
+    if (tc.objective == Objective::lm) {
+      out.targets.labels = Tensor();
+      out.targets.tokens = next_token_targets(out.batch);
+      out.loss = "next-token cross-entropy over the item's rows" + seqs;
+    } else if (tc.objective == Objective::classify) {
+      out.loss = "cross-entropy against its label " + std::to_string(label) + seqs;
+    } else {
+      return Status::Invalid("--item: the model has neither a classifier nor an LM head: give --ids or --rows (the loss "
+                             "is then the sum of the final rows)");
+    }
+  }
+  return out;
 }
 
 }  // namespace tessera
