@@ -13,11 +13,14 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dnnl/engine.h"  // core/src: the primitive cache's counters
@@ -251,6 +254,210 @@ TEST(BackwardLinear, Refusals) {
   EXPECT_TRUE(contains(mixed, "every tensor of one call must be f32, or every one f64"));
   EXPECT_EQ(mixed.code(), Code::invalid_argument);
   EXPECT_TRUE(contains(ops::linear_backward(x, Tensor(), dy, &dx, &dw, &db), "w is undefined"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// linear in bf16 (train.precision: bf16): the products' inputs rounded to bf16, f32 sums
+
+namespace {
+
+// The most rounding to bf16 moves a value, relative to it: half a step of 2^-7 at 1, 2^-8
+// (bf16 keeps 8 significant bits).
+constexpr double kBf16Eps = 1.0 / 256;
+
+// ‖a - b‖ / ‖b‖ in double.
+double rel_l2(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = values_of(a), y = values_of(b);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// max over (i, j) of |got - want|_ij / (|a| · |b|)_ij for a product a (M, K) · b (K, N): the error
+// of each value against the sum of its products' magnitudes, which bounds rounding both operands
+// of every product: |Δ| <= (2ε + ε²) Σ_k |a_ik| |b_kj| (ε = 2^-8), plus the f32 sums' own roundoff.
+double worst_over_bound(const Tensor& got, const Tensor& want, const Tensor& a, const Tensor& b) {
+  const int64_t M = a.dim(0), K = a.dim(1), N = b.dim(1);
+  const std::vector<double> A = values_of(a.contiguous()), B = values_of(b.contiguous());
+  const std::vector<double> g = values_of(got), w = values_of(want);
+  double worst = 0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double bound = 0;
+      for (int64_t k = 0; k < K; ++k) bound += std::fabs(A[i * K + k]) * std::fabs(B[k * N + j]);
+      const double d = std::fabs(g[i * N + j] - w[i * N + j]);
+      if (d > 0) worst = std::max(worst, bound > 0 ? d / bound : std::numeric_limits<double>::infinity());
+    }
+  return worst;
+}
+
+// The bf16 paths this CPU has: native bf16 kernels where oneDNN has them, and the emulation
+// (rounded inputs, f32 kernels) everywhere.
+std::vector<bool> bf16_emulation_modes() {
+  if (runtime_info().native_bf16) return {false, true};
+  return {true};
+}
+
+}  // namespace
+
+// Round to nearest, ties to even, on every path: x (M, 1) · w (1, 1) with w = 1 gives x rounded.
+// 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 (bf16's neighbours there) and goes to 1 (even);
+// 1 + 3·2^-8 halfway between 1 + 2^-7 and 1 + 2^-6, and goes to 1 + 2^-6; just above a half goes up.
+TEST(BackwardLinearBf16, RoundsTheInputsToNearestEven) {
+  const float h = std::ldexp(1.f, -8);
+  const Tensor x = Tensor::from_vector({4, 1}, {1 + h, 1 + 3 * h, 1 + h + std::ldexp(1.f, -20), -(1 + h)});
+  const std::vector<float> want = {1.f, 1 + 4 * h, 1 + 2 * h, -1.f};
+  const Tensor one = Tensor::from_vector({1, 1}, {1.f});
+  for (bool emulate : bf16_emulation_modes()) {
+    std::unique_ptr<onednn::ScopedBf16Emulation> scope;
+    if (emulate) scope = std::make_unique<onednn::ScopedBf16Emulation>();
+    SCOPED_TRACE(emulate ? "emulated" : "native");
+    Tensor y = Tensor::empty({4, 1}), yr = Tensor::empty({4, 1});
+    ASSERT_TRUE(IsOk(ops::linear_plain(x, one, Tensor(), y, DType::bf16)));
+    ASSERT_TRUE(IsOk(ref::linear_plain(x, one, Tensor(), yr, DType::bf16)));
+    EXPECT_EQ(y.to_vector(), want);
+    EXPECT_EQ(yr.to_vector(), want);
+    // dy rounded: dw = xᵀ · dy with x = 1 gives dy rounded, and dx = dy · wᵀ with w = 1 their sum.
+    Tensor dw = Tensor::zeros({1, 4}), dx = Tensor::empty({1, 1});
+    ASSERT_TRUE(IsOk(ops::linear_backward(Tensor::full({1, 1}, 1.f), Tensor::full({1, 4}, 1.f), x.reshape({1, 4}),
+                                          &dx, &dw, nullptr, DType::bf16)));
+    EXPECT_EQ(dw.to_vector(), want);
+    EXPECT_EQ(dx.to_vector(), std::vector<float>{want[0] + want[1] + want[2] + want[3]});
+    // w rounded in dx: dx = dy · wᵀ with dy = 1 gives w's column rounded.
+    Tensor dx2 = Tensor::empty({1, 4});
+    ASSERT_TRUE(IsOk(ops::linear_backward(Tensor::full({1, 4}, 1.f), x, Tensor::full({1, 1}, 1.f), &dx2, nullptr,
+                                          nullptr, DType::bf16)));
+    EXPECT_EQ(dx2.to_vector(), want);
+  }
+}
+
+// The fast path in bf16 against the reference loop on the same rounded inputs (the same exact
+// products, summed in f32 against double: held at 1e-5 of the result's scale), and against f32
+// (the bf16 tolerance: every value within 2.05ε of the sum of its products' magnitudes, the bound
+// of rounding both operands of each product, ε = 2^-8; and, where there are enough values, an rms
+// difference of at least ε/16 of f32's, so that a path which does not round fails). w as f32
+// (rounded in the op) and as its bf16 copy (what a training step passes), plain or a transpose
+// view; dw plain or transposed.
+TEST(BackwardLinearBf16, FastMatchesTheRoundedReferenceAndStaysWithinTheBf16ToleranceOfF32) {
+  std::mt19937 rng(21);
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{7, 13, 5},   {1, 1, 1},     {3, 17, 1},
+                                                          {33, 65, 17}, {100, 7, 129}, {64, 256, 384}};
+  double worst_ref = 0, worst_bound = 0, worst_l2 = 0;
+  for (bool emulate : bf16_emulation_modes()) {
+    std::unique_ptr<onednn::ScopedBf16Emulation> scope;
+    if (emulate) scope = std::make_unique<onednn::ScopedBf16Emulation>();
+    for (auto [M, K, N] : shapes)
+      for (int variant = 0; variant < 8; ++variant) {
+        const bool w_t = variant & 1, dw_t = variant & 2, w_bf16 = variant & 4;
+        const Tensor x = random_tensor({M, K}, rng), dy = random_tensor({M, N}, rng);
+        const Tensor w32 = w_t ? transposed_copy(random_tensor({K, N}, rng)) : random_tensor({K, N}, rng);
+        const Tensor w = w_bf16 ? (w_t ? transposed_copy(w32.to(DType::bf16)) : w32.to(DType::bf16)) : w32;
+        const std::string at = shape_of({M, K, N}) + (emulate ? " emulated" : " native") +
+                               (w_t ? " w transposed" : "") + (dw_t ? " dw transposed" : "") +
+                               (w_bf16 ? " w bf16" : "");
+        // No bias in y, so that the bound is the products' alone (the bias is added in f32).
+        Tensor y = Tensor::empty({M, N}), y_ref = Tensor::empty({M, N}), y32 = Tensor::empty({M, N});
+        ASSERT_TRUE(IsOk(ops::linear_plain(x, w, Tensor(), y, DType::bf16))) << at;
+        ASSERT_TRUE(IsOk(ref::linear_plain(x, w, Tensor(), y_ref, DType::bf16))) << at;
+        ASSERT_TRUE(IsOk(ref::linear_plain(x, w32, Tensor(), y32)));
+        auto grads = [&](auto&& backward, Tensor* out) {
+          out[0] = Tensor::empty({M, K});
+          out[1] = dw_t ? transposed_copy(Tensor::zeros({K, N})) : Tensor::zeros({K, N});
+          out[2] = Tensor::zeros({N});
+          return backward(&out[0], &out[1], &out[2]);
+        };
+        Tensor fast[3], want[3], f32[3];
+        ASSERT_TRUE(IsOk(grads([&](Tensor* dx, Tensor* dw, Tensor* db) {
+          return ops::linear_backward(x, w, dy, dx, dw, db, DType::bf16);
+        }, fast))) << at;
+        ASSERT_TRUE(IsOk(grads([&](Tensor* dx, Tensor* dw, Tensor* db) {
+          return ref::linear_backward(x, w, dy, dx, dw, db, DType::bf16);
+        }, want))) << at;
+        ASSERT_TRUE(IsOk(grads([&](Tensor* dx, Tensor* dw, Tensor* db) {
+          return ref::linear_backward(x, w32, dy, dx, dw, db);
+        }, f32)));
+        // Each product, its operands, and whether it has enough values for the lower bound.
+        const Tensor wt = w32.transpose(0, 1), xt = x.transpose(0, 1);
+        const struct {
+          const char* name;
+          const Tensor &got, &ref, &f32, &a, &b;
+          bool many;
+        } products[] = {{"y", y, y_ref, y32, x, w32, M * N >= 64 && K >= 7},
+                        {"dx", fast[0], want[0], f32[0], dy, wt, M * K >= 64 && N >= 7},
+                        {"dw", fast[1], want[1], f32[1], xt, dy, K * N >= 64 && M >= 7}};
+        for (const auto& p : products) {
+          EXPECT_LT(max_rel_error(p.got, p.ref), kFastTol) << p.name << " " << at;
+          worst_ref = std::max(worst_ref, max_rel_error(p.got, p.ref));
+          const double bound = worst_over_bound(p.got, p.f32, p.a, p.b);
+          EXPECT_LE(bound, 2.05 * kBf16Eps) << p.name << " " << at;
+          worst_bound = std::max(worst_bound, bound);
+          if (p.many) {
+            EXPECT_GE(rel_l2(p.got, p.f32), kBf16Eps / 16) << p.name << " " << at << ": not rounded?";
+            worst_l2 = std::max(worst_l2, rel_l2(p.got, p.f32));
+          }
+        }
+        // db sums dy as it is: f32's own sums.
+        EXPECT_LT(max_rel_error(fast[2], f32[2]), 1e-6) << "db " << at;
+        EXPECT_LT(max_rel_error(want[2], f32[2]), 1e-6) << "db " << at;
+      }
+  }
+  std::printf("[ bf16 linear ] fast vs rounded reference: max %.2e of scale; vs f32: up to %.3f eps of the bound, "
+              "rel L2 up to %.3f %%\n",
+              worst_ref, worst_bound / kBf16Eps, 100 * worst_l2);
+}
+
+// Native and emulated bf16 compute the same products (exact in f32) and differ only in the order
+// of the f32 sums; a micro-batch's dw adds onto what the gradient holds in bf16 as in f32.
+TEST(BackwardLinearBf16, NativeAndEmulatedAgreeAndGradientsAccumulate) {
+  std::mt19937 rng(22);
+  const int64_t M = 50, K = 64, N = 48;
+  const Tensor x = random_tensor({M, K}, rng), w = random_tensor({K, N}, rng).to(DType::bf16),
+               dy = random_tensor({M, N}, rng), dw0 = random_tensor({K, N}, rng), db0 = random_tensor({N}, rng);
+  auto run = [&](bool emulate, Tensor* y, Tensor* dx, Tensor* dw, Tensor* db) {
+    std::unique_ptr<onednn::ScopedBf16Emulation> scope;
+    if (emulate) scope = std::make_unique<onednn::ScopedBf16Emulation>();
+    *y = Tensor::empty({M, N});
+    *dx = Tensor::empty({M, K});
+    *dw = dw0.clone();
+    *db = db0.clone();
+    EXPECT_TRUE(IsOk(ops::linear_plain(x, w, Tensor(), *y, DType::bf16)));
+    EXPECT_TRUE(IsOk(ops::linear_backward(x, w, dy, dx, dw, db, DType::bf16)));
+  };
+  Tensor e[4];
+  run(true, &e[0], &e[1], &e[2], &e[3]);
+  Tensor want_dw = dw0.clone(), want_db = db0.clone(), want_dx = Tensor::empty({M, K});
+  ASSERT_TRUE(IsOk(ref::linear_backward(x, w, dy, &want_dx, &want_dw, &want_db, DType::bf16)));
+  EXPECT_LT(max_rel_error(e[2], want_dw), kFastTol);
+  EXPECT_LT(max_rel_error(e[3], want_db), 1e-6);
+  if (!runtime_info().native_bf16) {
+    std::printf("[ bf16 linear ] no native bf16 kernels on this CPU: the emulated path only\n");
+    return;
+  }
+  Tensor n[4];
+  run(false, &n[0], &n[1], &n[2], &n[3]);
+  for (int i = 0; i < 4; ++i) EXPECT_LT(max_rel_error(n[i], e[i]), kFastTol) << i;
+}
+
+TEST(BackwardLinearBf16, Refusals) {
+  std::mt19937 rng(23);
+  const Tensor x = random_tensor({7, 13}, rng), w = random_tensor({13, 5}, rng), dy = random_tensor({7, 5}, rng);
+  Tensor dx = Tensor::empty({7, 13}), dw = Tensor::zeros({13, 5}), db = Tensor::zeros({5}), y = Tensor::empty({7, 5});
+  // bf16 weights only with bf16 compute; bf16 compute only on f32 tensors (not the f64 checks)
+  const Tensor wb = w.to(DType::bf16);
+  EXPECT_TRUE(contains(ops::linear_plain(x, wb, Tensor(), y), "w must be f32, got bf16 (13, 5)"));
+  EXPECT_TRUE(SameRefusal(ops::linear_backward(f64(x), w, dy, &dx, &dw, &db, DType::bf16),
+                          ref::linear_backward(f64(x), w, dy, &dx, &dw, &db, DType::bf16)));
+  EXPECT_TRUE(contains(ref::linear_backward(f64(x), w, dy, &dx, &dw, &db, DType::bf16), "x must be f32, got f64"));
+  EXPECT_TRUE(contains(ops::linear_plain(x, w.to(DType::f64), Tensor(), y, DType::bf16),
+                       "w must be f32 or bf16 for bf16 compute, got f64 (13, 5)"));
+  EXPECT_TRUE(contains(ops::linear_plain(x.to(DType::bf16), wb, Tensor(), y, DType::bf16),
+                       "x must be f32, got bf16 (7, 13)"));
+  const Status f16 = ops::linear_backward(x, w, dy, &dx, &dw, &db, DType::f16);
+  EXPECT_TRUE(contains(f16, "ops::linear_backward: compute must be f32 or bf16, got f16")) << f16.message();
+  EXPECT_TRUE(SameRefusal(f16, ref::linear_backward(x, w, dy, &dx, &dw, &db, DType::f16)));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -330,10 +330,26 @@ Status check_elementwise_training(const char* op, std::initializer_list<NamedTen
   return Status::Ok();
 }
 
+namespace {
+// The compute dtype of a training linear, and w's dtype under it: with bf16 compute the other
+// tensors are f32 (checked with them) and w is f32 or bf16 (a step's rounded copy).
+Status check_linear_compute(const char* op, const Tensor& w, DType compute) {
+  if (compute == DType::f32) return Status::Ok();
+  if (compute != DType::bf16)
+    return Status::Invalid(std::string(op) + ": compute must be f32 or bf16, got " + dtype_name(compute));
+  TSR_RETURN_IF_ERROR(need_defined(op, "w", w));
+  if (w.dtype() != DType::f32 && w.dtype() != DType::bf16)
+    return Status::Invalid(std::string(op) + ": w must be f32 or bf16 for bf16 compute, got " + w.describe());
+  return Status::Ok();
+}
+}  // namespace
+
 Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                          bool f64_ok) {
+                          bool f64_ok, DType compute) {
+  TSR_RETURN_IF_ERROR(check_linear_compute(op, w, compute));
+  const bool mixed = compute == DType::bf16;
   TSR_RETURN_IF_ERROR(check_training_dtypes(
-      op, {{"x", &x}, {"w", &w}, {"b", b.defined() ? &b : nullptr}, {"y", &y}}, f64_ok));
+      op, {{"x", &x}, {"w", mixed ? nullptr : &w}, {"b", b.defined() ? &b : nullptr}, {"y", &y}}, f64_ok && !mixed));
   if (x.rank() != 2 || w.rank() != 2)
     return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() +
                            ", w " + w.describe());
@@ -346,9 +362,12 @@ Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, cons
 }
 
 Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy,
-                             const Tensor* dx, const Tensor* dw, const Tensor* db, bool f64_ok) {
+                             const Tensor* dx, const Tensor* dw, const Tensor* db, bool f64_ok, DType compute) {
+  TSR_RETURN_IF_ERROR(check_linear_compute(op, w, compute));
+  const bool mixed = compute == DType::bf16;
   TSR_RETURN_IF_ERROR(check_training_dtypes(
-      op, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"dx", dx}, {"dw", dw}, {"db", db}}, f64_ok));
+      op, {{"x", &x}, {"w", mixed ? nullptr : &w}, {"dy", &dy}, {"dx", dx}, {"dw", dw}, {"db", db}},
+      f64_ok && !mixed));
   if (x.rank() != 2 || w.rank() != 2)
     return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() +
                            ", w " + w.describe());

@@ -101,6 +101,7 @@ int run_grad(const GradArgs& a) {
   Parameters grads = params.zeros_like();
   GradOptions opt;
   opt.reference = a.reference || exp->runtime.reference;
+  opt.precision = exp->train.precision;  // the step's arithmetic, as `tessera train` would run it
   Result<LossValue> r = compute_gradients(c, params, *batch, targets, &grads, opt);
   if (!r.ok()) {
     std::fprintf(stderr, "tessera grad: %s\n", r.status().message().c_str());

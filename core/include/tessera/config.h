@@ -309,6 +309,9 @@ struct TrainConfig {
   struct Dropout {
     double embedding = 0.0, attention = 0.0, residual = 0.0;
   } dropout;
+  // Mixed precision: bf16 rounds the inputs of every training matmul to bf16 (f32 sums and
+  // outputs; the master weights, norms, softmax, loss and optimizer stay f32). docs/PRECISION.md.
+  DType precision = DType::f32;
   double validation = 0.1;       // share of the data held out (seeded), unless validation_data is given
   std::string validation_data;   // a dataset of its own for validation (same format rules as data.path)
   std::string test_data;         // evaluated once at the end, with the best checkpoint

@@ -137,12 +137,21 @@ Status merge_heads(const Tensor& x, Tensor& y);
 //   - f32 throughout (x, w and the gradients); the reference loops also take f64 (every tensor
 //     of one call f64), for gradient checks against finite differences in double precision.
 
+//   - mixed precision (train.precision: bf16, docs/PRECISION.md): with compute = bf16 the linear
+//     ops round the inputs of each product to bf16 (round to nearest even: x and w forward, dy and
+//     w for dx, x and dy for dw), sum the products in f32 and write f32, as PyTorch's CPU autocast
+//     does; the bias and db stay f32 (db sums dy unrounded). w may then be given as bf16 (the
+//     step's rounded copy of the f32 master weights), every other tensor is f32. Native bf16
+//     kernels where oneDNN has them (AVX512_BF16, AMX), else the rounded values multiplied by the
+//     f32 kernels: the same products, summed in another order.
+
 // y (M, N) = x (M, K) · w (K, N) [+ b (N)] on plain, unpacked weights (they change every step,
 // so nothing is reordered ahead). w may be any strided view (a transpose view of (N, K)).
-Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
+Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, DType compute = DType::f32);
 // Backward of y = x · w + b: dx (M, K) = dy · wᵀ; dw (K, N) += xᵀ · dy; db (N) += Σ_rows dy.
 // dw may be a strided view (the (V, C) table's transpose for a tied head).
-Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db);
+Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
+                       DType compute = DType::f32);
 
 // dx = dy ⊙ act'(x), x the activation's input (the pre-activation rows). dx may be dy.
 Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
@@ -211,9 +220,11 @@ float activate(Activation act, float x);  // one value
 double activate(Activation act, double x);
 double activate_derivative(Activation act, double x);  // d act / dx at x
 
-// The training ops (see above), as plain loops; f32 or f64.
-Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
-Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db);
+// The training ops (see above), as plain loops; f32 or f64. With compute = bf16 (f32 tensors, w
+// f32 or bf16) the loops read the products' inputs rounded to bf16 and sum in double.
+Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, DType compute = DType::f32);
+Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
+                       DType compute = DType::f32);
 Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
 Status layer_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                         Tensor& mean, Tensor& rstd);

@@ -70,6 +70,12 @@ struct GradOptions {
   // has no input-rows gradient (d_rows). The defaults run the whole backward.
   int64_t backward_first_block = 0;
   bool backward_stem = true;
+  // Mixed precision (train.precision, docs/PRECISION.md): bf16 rounds the inputs of every matmul
+  // of the forward and backward pass to bf16 (f32 sums, f32 outputs); everything else is f32.
+  DType precision = DType::f32;
+  // With bf16: the matmul weights' bf16 copies (lowp_weights of the same parameters), made once
+  // per optimizer step; null: compute_gradients makes them itself for this call.
+  const Parameters* lowp = nullptr;
 };
 
 struct LossValue {
@@ -78,6 +84,12 @@ struct LossValue {
   Tensor d_rows;        // (B, T, F) the gradient of the input feature rows (features stems)
   Outputs outputs;      // hidden rows (and logits) of the forward pass
 };
+
+// The parameters as a bf16 training step reads them: the weights of every matmul (attention's
+// W_Q, W_K, W_V and W_O, the FFN's, the feature projection, the classifier, pooler, transform and
+// LM head, and the token table when an LM head is tied to it) as bf16 copies rounded to nearest
+// even, every other parameter P's own f32 tensor (shared, not copied).
+Parameters lowp_weights(const ModelConfig& cfg, const Parameters& P);
 
 // Next-token targets for a batch of token ids: ids shifted left by one within each sequence, -1
 // at padding rows and at each sequence's last row.

@@ -1299,6 +1299,10 @@ void append_train_keys(std::vector<KeyRule>& r) {
   r.push_back(float_range_key("train.label_smoothing", "in [0, 1)", +unit, "0",
                               "share of each target's probability spread evenly over the classes",
                               FIELD(train.label_smoothing)));
+  r.push_back(enum_key("train.precision", kDTypeNames, "f32",
+                       "the training matmuls: f32, or bf16 (mixed precision: bf16 inputs, f32 sums, f32 master "
+                       "weights; native kernels on AVX512_BF16, emulated elsewhere)",
+                       FIELD(train.precision)));
   r.push_back(float_range_key("train.validation", "in [0, 1)", +unit, "0.1",
                               "share of the data held out for validation (seeded), unless validation_data is given",
                               FIELD(train.validation)));

@@ -73,17 +73,33 @@ void softmax_backward_rows(const float* y, const float* dy, float* dx, int64_t R
 // ---------------------------------------------------------------------------------------------
 // linear
 
-Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, DType compute) {
   static constexpr const char* op = "ops::linear_plain";
-  TSR_RETURN_IF_ERROR(detail::check_linear_plain(op, x, w, b, y, false));
-  if (x.dim(1) == 0) return ref::linear_plain(x, w, b, y);  // no product: y = b
-  return onednn::matmul(op, x, w, b.defined() ? &b : nullptr, y, 1.f, /*accumulate=*/false);
+  TSR_RETURN_IF_ERROR(detail::check_linear_plain(op, x, w, b, y, false, compute));
+  if (x.dim(1) == 0) return ref::linear_plain(x, w, b, y, compute);  // no product: y = b
+  return onednn::matmul(op, x, w, b.defined() ? &b : nullptr, y, 1.f, /*accumulate=*/false, compute);
 }
 
 Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
-                       Tensor* db) {
+                       Tensor* db, DType compute) {
   static constexpr const char* op = "ops::linear_backward";
-  TSR_RETURN_IF_ERROR(detail::check_linear_backward(op, x, w, dy, dx, dw, db, false));
+  TSR_RETURN_IF_ERROR(detail::check_linear_backward(op, x, w, dy, dx, dw, db, false, compute));
+  // bf16 compute: dy is an input of both products and x of dw's, so each is rounded once here,
+  // dense, into the kernels' dtype (bf16, or f32 holding bf16 values where the kernels are f32);
+  // the products then read them as they are (f32 compute on operands already rounded).
+  Tensor X = x, DY = dy;
+  DType rest = compute;  // what the products still have to round: only an f32 w
+  if (compute == DType::bf16 && x.numel() > 0 && dy.numel() > 0) {
+    onednn::apply_threads();
+    const DType k = onednn::lowp_kernel_dtype();
+    DY = onednn::scratch_tensor(onednn::Slot::lowp_b, dy.shape(), k);
+    onednn::convert(dy, DY, /*round_bf16=*/true);
+    if (dw) {
+      X = onednn::scratch_tensor(onednn::Slot::lowp_a, x.shape(), k);
+      onednn::convert(x, X, /*round_bf16=*/true);
+    }
+    rest = w.dtype() == DType::bf16 ? DType::f32 : DType::bf16;
+  }
   // dw and db first: they read x, which dx may then overwrite.
   if (dw) {
     // dw (K, N) += xᵀ · dy. A dw whose columns are rows in memory (the transpose view of a tied
@@ -91,18 +107,19 @@ Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
     // writes rows, as its fast kernels want.
     if (dw->dim(0) > 1 && dw->dim(1) > 1 && dw->stride(0) == 1) {
       Tensor dwt = dw->transpose(0, 1);
-      TSR_RETURN_IF_ERROR(onednn::matmul(op, dy.transpose(0, 1), x, nullptr, dwt, 1.f, /*accumulate=*/true));
+      TSR_RETURN_IF_ERROR(onednn::matmul(op, DY.transpose(0, 1), X, nullptr, dwt, 1.f, /*accumulate=*/true));
     } else {
-      TSR_RETURN_IF_ERROR(onednn::matmul(op, x.transpose(0, 1), dy, nullptr, *dw, 1.f, /*accumulate=*/true));
+      TSR_RETURN_IF_ERROR(onednn::matmul(op, X.transpose(0, 1), DY, nullptr, *dw, 1.f, /*accumulate=*/true));
     }
   }
   if (db && dy.numel() > 0) {
     onednn::apply_threads();
-    add_column_sums(dy, *db);
+    add_column_sums(dy, *db);  // f32, from dy as it is
   }
   // dx (M, K) = dy · wᵀ
   if (dx)
-    TSR_RETURN_IF_ERROR(onednn::matmul(op, dy, w.transpose(0, 1), nullptr, *dx, 1.f, /*accumulate=*/false));
+    TSR_RETURN_IF_ERROR(
+        onednn::matmul(op, DY, w.transpose(0, 1), nullptr, *dx, 1.f, /*accumulate=*/false, rest));
   return Status::Ok();
 }
 

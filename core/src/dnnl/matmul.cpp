@@ -35,8 +35,10 @@ memory::dims dims_of(const Tensor& t) { return memory::dims(t.shape().begin(), t
 
 }  // namespace
 
+DType lowp_kernel_dtype() { return use_native_bf16() ? DType::bf16 : DType::f32; }
+
 Status matmul(const char* op, const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c, float alpha,
-              bool accumulate) {
+              bool accumulate, DType compute) {
   if (c.numel() == 0) return Status::Ok();
   TSR_CHECK(a.dim(-1) > 0 || !bias, "onednn::matmul: a bias with K = 0");
   if (a.dim(-1) == 0) {  // empty sums
@@ -46,18 +48,22 @@ Status matmul(const char* op, const Tensor& a, const Tensor& b, const Tensor* bi
   apply_threads();
   auto shapes = [&] { return "a " + a.describe() + ", b " + b.describe() + ", c " + c.describe(); };
   return guarded(op, shapes, [&]() -> Status {
-    // bf16 kernels only when both operands are bf16 (mixed inputs: the bf16 one is widened,
-    // exactly, which is what the reference computes too).
-    const DType kernel =
-        a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && use_native_bf16() ? DType::bf16 : DType::f32;
+    // f32 compute: bf16 kernels only when both operands are bf16 (mixed inputs: the bf16 one is
+    // widened, exactly, which is what the reference computes too). bf16 compute: every f32
+    // operand is rounded, to bf16 for native kernels or in f32 for the f32 ones.
+    const bool round = compute == DType::bf16;
+    const DType kernel = round ? lowp_kernel_dtype()
+                         : a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && use_native_bf16() ? DType::bf16
+                                                                                                       : DType::f32;
+    auto needs_copy = [&](const Tensor& t) { return t.dtype() != kernel || (round && t.dtype() == DType::f32); };
     Tensor A = a, B = b, C = c, bias_row;
-    if (a.dtype() != kernel) {
+    if (needs_copy(a)) {
       A = scratch_tensor(Slot::a, a.shape(), kernel);
-      convert(a, A);
+      convert(a, A, round);
     }
-    if (b.dtype() != kernel) {
+    if (needs_copy(b)) {
       B = scratch_tensor(Slot::b, b.shape(), kernel);
-      convert(b, B);
+      convert(b, B, round);
     }
     if (bias) bias_row = dense_f32(*bias, Slot::c);
     const bool c_direct = !overlaps(c, a) && !overlaps(c, b);
@@ -101,11 +107,11 @@ Status matmul(const char* op, const Tensor& a, const Tensor& b, const Tensor* bi
 
     if (prim->flags & kDenseA) {  // A is the caller's view here (a converted A is dense already)
       A = scratch_tensor(Slot::a, a.shape(), kernel);
-      convert(a, A);
+      convert(a, A, round);
     }
     if (prim->flags & kDenseB) {
       B = scratch_tensor(Slot::b, b.shape(), kernel);
-      convert(b, B);
+      convert(b, B, round);
     }
     const bool c_staged = !c_direct || (prim->flags & kDenseC);
     if (prim->flags & kDenseC) C = scratch_tensor(Slot::out, c.shape(), DType::f32);

@@ -108,7 +108,9 @@ inline void execute(const Prim& p, std::initializer_list<Arg> args) {
 // ---------------------------------------------------------------------------------------------
 // Scratch: per-thread, 64-byte aligned, grow-only buffers. Each op uses each slot at most once
 // at a time; a pointer stays valid until the same slot is asked for again on this thread.
-enum class Slot : int { a = 0, b, c, out, aux, pad, count };
+// lowp_a, lowp_b: the bf16-rounded operands a training linear's backward makes once for its two
+// products (linear_backward), which the matmul then reads as they are.
+enum class Slot : int { a = 0, b, c, out, aux, pad, lowp_a, lowp_b, count };
 void* scratch(Slot s, size_t bytes);
 // A dense Tensor over scratch memory (valid as long as the slot is not reused).
 Tensor scratch_tensor(Slot s, const Shape& shape, DType dtype);
@@ -150,8 +152,15 @@ dnnl::algorithm eltwise_alg(Activation a);
 // c = alpha · a · b [+ bias] [+ c]: ops::matmul's product (the caller checked the shapes), with a
 // bias (N) added to every row (needs K > 0) and, with `accumulate`, added to what c holds (a sum
 // post-op). The products of the training ops: linear_plain, and linear_backward's dw +=.
+// compute = bf16: a and b are rounded to bf16 first (an operand that is bf16 already is read as
+// it is), into bf16 for the native kernels (use_native_bf16()) or into f32 for the f32 kernels;
+// c is f32 either way. compute = f32: the kernels are bf16 only when both operands are bf16.
 Status matmul(const char* op, const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c, float alpha,
-              bool accumulate);
+              bool accumulate, DType compute = DType::f32);
+
+// The dtype a bf16-compute product's operands have inside the matmul: bf16 where oneDNN has bf16
+// kernels on this thread (use_native_bf16()), else f32 holding bf16-rounded values.
+DType lowp_kernel_dtype();
 
 // ---------------------------------------------------------------------------------------------
 // Errors

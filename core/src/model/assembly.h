@@ -43,6 +43,7 @@ struct Model::Layers {
 namespace model {
 
 // Concatenates (rows, n_i) matrices (or (n_i) vectors) along their last axis: [W_Q | W_K | W_V].
+// The result is bf16 when the parts are (mixed-precision training), else f32.
 Tensor concat_last(const std::vector<Tensor>& parts);
 
 // layout.cpp: the batch checked against the config, and resolved into who attends to whom.

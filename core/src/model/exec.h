@@ -14,6 +14,9 @@ namespace tessera::model {
 
 struct Exec {
   bool reference = false;
+  // The training linears' products (linear_plain, linear_backward): f32, or bf16 (mixed
+  // precision: inputs rounded to bf16, f32 sums; train.precision).
+  DType compute = DType::f32;
 
   // y = act(x·W + b) [+ r]. On the reference path a bf16 layer rounds its inputs and weights to
   // bf16 first, which is what the fast path computes.
@@ -45,11 +48,12 @@ struct Exec {
 
   // Training: the forwards that keep what their backward needs, and the backwards (ops.h).
   Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) const {
-    return reference ? ref::linear_plain(x, w, b, y) : ops::linear_plain(x, w, b, y);
+    return reference ? ref::linear_plain(x, w, b, y, compute) : ops::linear_plain(x, w, b, y, compute);
   }
   Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
                          Tensor* db) const {
-    return reference ? ref::linear_backward(x, w, dy, dx, dw, db) : ops::linear_backward(x, w, dy, dx, dw, db);
+    return reference ? ref::linear_backward(x, w, dy, dx, dw, db, compute)
+                     : ops::linear_backward(x, w, dy, dx, dw, db, compute);
   }
   Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) const {
     return reference ? ref::activation_backward(act, x, dy, dx) : ops::activation_backward(act, x, dy, dx);

@@ -52,7 +52,30 @@ Status check_f32(const Parameters& ps, const char* what) {
   return Status::Ok();
 }
 
+// Whether `name` is the weight matrix of a matmul (the tied LM head reads stem.embed as one).
+bool is_matmul_weight(const ModelConfig& c, const std::string& name) {
+  static const char* const kSuffixes[] = {".attn.w_q", ".attn.w_k", ".attn.w_v", ".attn.w_o", ".ffn.w1", ".ffn.w2"};
+  if (name.rfind("blocks.", 0) == 0) {
+    for (const char* s : kSuffixes) {
+      const size_t n = std::strlen(s);
+      if (name.size() > n && name.compare(name.size() - n, n, s) == 0) return true;
+    }
+    return false;
+  }
+  if (name == "stem.embed") return c.head.kind == HeadKind::lm && c.head.tied;
+  return name == "stem.proj" || name == "head.w" || name == "head.lm" || name == "head.pooler.w" ||
+         name == "head.transform.w";
+}
+
 }  // namespace
+
+Parameters lowp_weights(const ModelConfig& cfg, const Parameters& P) {
+  std::vector<Parameters::Entry> out;
+  out.reserve(P.size());
+  for (const auto& [name, t] : P)
+    out.emplace_back(name, is_matmul_weight(cfg, name) && t.dtype() != DType::bf16 ? t.to(DType::bf16) : t);
+  return Parameters(std::move(out));
+}
 
 Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, const Batch& batch,
                                     const Targets& targets, Parameters* grads, const GradOptions& opt) {
@@ -77,13 +100,28 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
     return Status::Invalid("forward: packed or explicitly positioned rows must say where the CLS row is (give roles)");
   model::RowLayout lay;
   TSR_RETURN_IF_ERROR(model::row_layout(c, batch, extra, {}, &lay));
-  const model::Exec ex{opt.reference};
+  if (opt.precision != DType::f32 && opt.precision != DType::bf16)
+    return Status::Invalid(std::string("training: precision must be f32 or bf16, got ") + dtype_name(opt.precision));
+  const bool bf16 = opt.precision == DType::bf16;
+  const model::Exec ex{opt.reference, opt.precision};
   const int64_t B = batch.batch_size(), T = batch.seq_len() + extra, C = c.d_model;
+  // The matmuls' weights: P's own in f32; in bf16 the step's rounded copies (made here if the
+  // caller has none). Everything else (tables, norms, biases) is read from P.
+  Parameters made;
+  if (bf16 && !opt.lowp) made = lowp_weights(c, P);
+  const Parameters& W = !bf16 ? P : opt.lowp ? *opt.lowp : made;
+  if (bf16 && opt.lowp)
+    for (const auto& [name, t] : P) {
+      const Tensor* l = opt.lowp->find(name);
+      if (!l || l->shape() != t.shape())
+        return Status::Invalid("training: the bf16 weights lack \"" + name + "\" " + t.shape().str() +
+                               " (make them with lowp_weights)");
+    }
 
   // Forward, keeping what each part's backward needs.
   model::StemWeights sw{P.get("stem.embed"), P.get("stem.type_embed"), P.get("stem.cls"), P.get("stem.dist"),
                         P.get("stem.modality"), P.get("pos.table"), P.get("stem.norm.gamma"), P.get("stem.norm.beta"),
-                        P.get("stem.proj"), P.get("stem.proj_bias"), {}};
+                        W.get("stem.proj"), P.get("stem.proj_bias"), {}};
   if (c.positions.kind == PositionKind::sinusoidal)
     sw.pos = model::sinusoidal_table(c.positions.max_len, C, c.positions.base);
   sw.project = [&](const Tensor& in, Tensor& y) { return ex.linear_plain(in, sw.proj_w, sw.proj_b, y); };
@@ -105,9 +143,9 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = "blocks." + std::to_string(l) + ".";
     model::BlockParams& w = bp[static_cast<size_t>(l)];
-    w.attn.w_qkv = model::concat_last({P.get(p + "attn.w_q"), P.get(p + "attn.w_k"), P.get(p + "attn.w_v")});
+    w.attn.w_qkv = model::concat_last({W.get(p + "attn.w_q"), W.get(p + "attn.w_k"), W.get(p + "attn.w_v")});
     if (c.bias) w.attn.b_qkv = model::concat_last({P.get(p + "attn.b_q"), P.get(p + "attn.b_k"), P.get(p + "attn.b_v")});
-    w.attn.w_o = P.get(p + "attn.w_o");
+    w.attn.w_o = W.get(p + "attn.w_o");
     w.attn.b_o = P.get(p + "attn.b_o");
     w.attn.rel_k = P.get(p + "attn.rel_k");
     w.attn.rel_v = P.get(p + "attn.rel_v");
@@ -115,9 +153,9 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
     w.ln1_b = P.get(p + "ln1.beta");
     w.ln2_g = P.get(p + "ln2.gamma");
     w.ln2_b = P.get(p + "ln2.beta");
-    w.w1 = P.get(p + "ffn.w1");
+    w.w1 = W.get(p + "ffn.w1");
     w.b1 = P.get(p + "ffn.b1");
-    w.w2 = P.get(p + "ffn.w2");
+    w.w2 = W.get(p + "ffn.w2");
     w.b2 = P.get(p + "ffn.b2");
     Tensor y;
     const model::BlockDropout bd{opt.dropout.mask(DropoutSite::attention, l),
@@ -142,7 +180,7 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
   result.outputs.hidden = x;
   model::HeadLoss hl;
   Tensor dx = Tensor::empty(x.shape());
-  TSR_RETURN_IF_ERROR(model::head_train(c, P, ex, batch, lay, extra, x, targets, dx, G, &hl, &result.outputs));
+  TSR_RETURN_IF_ERROR(model::head_train(c, W, ex, batch, lay, extra, x, targets, dx, G, &hl, &result.outputs));
   result.loss = hl.loss;
   result.counted = hl.counted;
   if (c.final_norm) {

@@ -34,16 +34,21 @@ Tensor concat_last(const std::vector<Tensor>& parts) {
   int64_t n = 0;
   for (const auto& p : parts) n += p.dim(-1);
   const bool vec = parts[0].rank() == 1;
-  Tensor out = vec ? Tensor::empty({n}) : Tensor::empty({parts[0].dim(0), n});
+  // bf16 parts (mixed-precision training's weight copies) stay bf16; anything else becomes f32.
+  const DType dt = parts[0].dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  Tensor out = vec ? Tensor::empty({n}, dt) : Tensor::empty({parts[0].dim(0), n}, dt);
+  const size_t es = dtype_size(dt);
   int64_t c0 = 0;
   for (const auto& p : parts) {
     const int64_t w = p.dim(-1);
-    if (!vec && p.dtype() == DType::f32 && p.is_contiguous()) {
+    if (!vec && p.dtype() == dt && p.is_contiguous()) {
       // Row by row (the fused Q/K/V weights at load: Tensor::copy_from goes element by element).
       const int64_t R = p.dim(0);
-      const float* src = p.data<float>();
-      float* dst = out.data<float>() + c0;
-      for (int64_t r = 0; r < R; ++r) std::memcpy(dst + r * n, src + r * w, static_cast<size_t>(w) * sizeof(float));
+      const char* src = static_cast<const char*>(p.raw_data());
+      char* dst = static_cast<char*>(out.raw_data()) + static_cast<size_t>(c0) * es;
+      for (int64_t r = 0; r < R; ++r)
+        std::memcpy(dst + static_cast<size_t>(r * n) * es, src + static_cast<size_t>(r * w) * es,
+                    static_cast<size_t>(w) * es);
     } else {
       out.slice(vec ? 0 : 1, c0, c0 + w).copy_from(p);
     }

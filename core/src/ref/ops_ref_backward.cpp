@@ -73,6 +73,27 @@ Status linear_plain_t(const Tensor& x, const Tensor& w, const Tensor& b, Tensor&
   return Status::Ok();
 }
 
+// A dense f32 copy of t (f32 or bf16) with every value rounded to the nearest bf16 (ties to even).
+Tensor rounded_to_bf16(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  Tensor out = Tensor::empty(t.shape());
+  float* o = out.data<float>();
+  for (int64_t i = 0; i < c.numel(); ++i)
+    o[i] = c.dtype() == DType::bf16 ? bf16_to_f32(c.data<bf16>()[i]) : round_to_bf16(c.data<float>()[i]);
+  return out;
+}
+
+// db (N) += Σ_m dy (M, N), summed in double.
+template <class T>
+void add_column_sums_t(const Tensor& dy, Tensor& db) {
+  const int64_t M = dy.dim(0), N = dy.dim(1);
+  const Tensor gc = dy.contiguous();
+  std::vector<double> gb(static_cast<size_t>(N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) gb[n] += gc.data<T>()[m * N + n];
+  accumulate<T>(db, gb);
+}
+
 // dx = dy · wᵀ, dw += xᵀ · dy, db += Σ_m dy: all computed before any is written, so a gradient
 // may share storage with an input.
 template <class T>
@@ -247,14 +268,23 @@ bool is_f64(const Tensor& t) { return t.dtype() == DType::f64; }
 
 }  // namespace
 
-Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
-  TSR_RETURN_IF_ERROR(detail::check_linear_plain("ref::linear_plain", x, w, b, y, true));
+Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, DType compute) {
+  TSR_RETURN_IF_ERROR(detail::check_linear_plain("ref::linear_plain", x, w, b, y, true, compute));
+  if (compute == DType::bf16) return linear_plain_t<float>(rounded_to_bf16(x), rounded_to_bf16(w), b, y);
   return is_f64(x) ? linear_plain_t<double>(x, w, b, y) : linear_plain_t<float>(x, w, b, y);
 }
 
 Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
-                       Tensor* db) {
-  TSR_RETURN_IF_ERROR(detail::check_linear_backward("ref::linear_backward", x, w, dy, dx, dw, db, true));
+                       Tensor* db, DType compute) {
+  TSR_RETURN_IF_ERROR(
+      detail::check_linear_backward("ref::linear_backward", x, w, dy, dx, dw, db, true, compute));
+  if (compute == DType::bf16) {
+    // The products from the rounded inputs; db from dy as it is (a sum, not a product).
+    TSR_RETURN_IF_ERROR(
+        linear_backward_t<float>(rounded_to_bf16(x), rounded_to_bf16(w), rounded_to_bf16(dy), dx, dw, nullptr));
+    if (db) add_column_sums_t<float>(dy, *db);
+    return Status::Ok();
+  }
   return is_f64(x) ? linear_backward_t<double>(x, w, dy, dx, dw, db)
                    : linear_backward_t<float>(x, w, dy, dx, dw, db);
 }

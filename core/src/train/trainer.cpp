@@ -949,7 +949,16 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   go.reference = exp.runtime.reference;
   go.dropout = {static_cast<float>(tc.dropout.embedding), static_cast<float>(tc.dropout.attention),
                 static_cast<float>(tc.dropout.residual), static_cast<uint64_t>(tc.seed), 0, 0};
+  go.precision = tc.precision;
   backward_extent(c, trained, &go);
+  // bf16: the matmul weights' bf16 copies, made from the f32 master weights once per step (here,
+  // and after each update), not per micro-batch; a function of the weights alone, so a resumed
+  // run makes the same ones.
+  Parameters lowp;
+  if (tc.precision == DType::bf16) {
+    lowp = lowp_weights(c, params);
+    go.lowp = &lowp;
+  }
   const int64_t micro = tc.batch_size / tc.accumulate;
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
@@ -1022,6 +1031,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     const double norm = clip_grad_norm(trained_grads, tc.clip_norm);
     const double lr = scheduled_lr(schedule_options(tc), tc.lr, step, total);
     TSR_RETURN_IF_ERROR(optim.step(trained, trained_grads, lr));
+    if (go.lowp) lowp = lowp_weights(c, params);
     grads.zero();
     ++step;
     loss_sum += step_loss;
