@@ -794,6 +794,7 @@ TEST(TrainCli, BenchTrainTimesTheLoopsStepsAndLeavesNothingBehind) {
   ASSERT_EQ(lm.code, 0) << lm.err;
   EXPECT_TRUE(has(lm.out, "next-token LM, batch 4 x 16 rows")) << lm.out;
   EXPECT_TRUE(has(lm.out, "tokens/s")) << lm.out;
+  EXPECT_TRUE(has(lm.out, "(2 steps after 1 warm-up)")) << lm.out;  // the first step is never timed
   // Refusals: a baseline has no loop; fewer than 2 timed steps; no file.
   const Ran base = run_cli("bench --train " + d + "/lm.yaml --set train.baseline=bigram", d);
   EXPECT_EQ(base.code, 2);

@@ -68,9 +68,11 @@ int run_train_bench(const TrainBenchArgs& a) {
   }
   if (exp->runtime.threads > 0) set_num_threads(exp->runtime.threads);
   TrainConfig& tc = exp->train;
-  // warm-up + reps timed steps + 1 more, whose interval holds the final evaluation; no
-  // evaluation before, no test set, no early stop.
-  tc.max_steps = a.warmup + a.reps + 1;
+  // The first step is never timed (its interval has no start; it creates the primitives), so at
+  // least one warm-up step. Then reps timed steps and 1 more, whose interval holds the final
+  // evaluation; no evaluation before, no test set, no early stop.
+  const int warmup = std::max(a.warmup, 1);
+  tc.max_steps = warmup + a.reps + 1;
   tc.epochs = 1;
   tc.eval_every = tc.max_steps;
   tc.patience = 0;
@@ -98,9 +100,10 @@ int run_train_bench(const TrainBenchArgs& a) {
   const double wall = seconds_since(t0);
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  // Step i's time: at[i] - at[i-1]; the first warm-up step has no predecessor and is never timed.
+  // at[i] is step i + 1's end, so step i + 1 took at[i] - at[i-1]: steps warmup + 1 .. warmup +
+  // reps are i = warmup .. warmup + reps - 1, and the last step (the evaluation's) is left out.
   std::vector<double> times;
-  for (size_t i = static_cast<size_t>(a.warmup) + 1; i < at.size() && times.size() < static_cast<size_t>(a.reps); ++i)
+  for (size_t i = static_cast<size_t>(warmup); i + 1 < at.size() && times.size() < static_cast<size_t>(a.reps); ++i)
     times.push_back(std::chrono::duration<double>(at[i] - at[i - 1]).count());
   if (times.size() < 2) {
     std::fprintf(stderr, "tessera bench --train: the run stopped after %zu steps; nothing to time\n", at.size());
@@ -131,7 +134,7 @@ int run_train_bench(const TrainBenchArgs& a) {
       {"runtime", std::to_string(ri.threads) + " threads, oneDNN " + ri.onednn_version + ", " + ri.isa},
       {"step", "median " + fmt(s.median * 1e3, 1, false) + " ms, min " + fmt(s.min * 1e3, 1, false) + " ms, max " +
                    fmt(s.max * 1e3, 1, false) + " ms, " + spread_text(s) + " (" + std::to_string(times.size()) +
-                   " steps after " + std::to_string(a.warmup) + " warm-up)"},
+                   " steps after " + std::to_string(warmup) + " warm-up)"},
       {"throughput", fmt(ex_s, 1, false) + " examples/s" +
                          (lm ? ", " + fmt(ex_s * static_cast<double>(tc.seq_len), 0, false) + " tokens/s" : "")},
       {"compute", fmt(gflop, 2, false) + " GFLOP per step (3 x the forward's), " + fmt(gflop / s.median, 1, false) +
@@ -150,7 +153,7 @@ int run_train_bench(const TrainBenchArgs& a) {
                         {"parameters", plan.parameters},
                         {"threads", ri.threads},
                         {"isa", ri.isa},
-                        {"warmup", a.warmup},
+                        {"warmup", warmup},
                         {"times_s", times},
                         {"median_s", s.median},
                         {"min_s", s.min},
