@@ -435,6 +435,10 @@ TEST(Config, ErrorInconsistentValues) {
   EXPECT_EQ(errors(kModel + "  norm: none\n  final_norm: true\n"),
             "t.yaml:5:3: model.final_norm: final_norm: true needs a norm, but norm is none "
             "(set norm: pre or post, or final_norm: false)");
+  EXPECT_EQ(errors(kModel + "  norm: pre\n  residual: false\n"),
+            "t.yaml:5:3: model.residual: residual: false with norm: pre, but a pre-LN block is built around "
+            "its residual stream (R = X + MultiHead(LN1(X)), Y = R + FFN(LN2(R))) and always adds it "
+            "(keep residual: true with norm: pre, or use norm: post or none for blocks without residuals)");
   EXPECT_EQ(errors(kModel + "  n_heads: 2\n  d_v: 3\n  attention: {output_projection: false}\n"),
             "t.yaml:6:15: model.attention.output_projection: output_projection: false leaves the heads 6 wide "
             "(n_heads * d_v), but d_model is 8 (keep output_projection: true, or make n_heads * d_v = d_model; "

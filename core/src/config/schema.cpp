@@ -1077,7 +1077,9 @@ std::vector<KeyRule> build_rules() {
   r.push_back(bool_key("model.final_norm", "true if norm is pre, else false",
                        "a layer norm after the last block; needs norm pre or post", FIELD(model.final_norm)));
   r.push_back(bool_key("model.bias", "true", "biases in every linear layer", FIELD(model.bias)));
-  r.push_back(bool_key("model.residual", "true", "residual connections around each sublayer", FIELD(model.residual)));
+  r.push_back(bool_key("model.residual", "true",
+                       "residual connections around each sublayer (post and none; pre-LN blocks always have them)",
+                       FIELD(model.residual)));
   r.push_back(enum_key("model.dtype", kDTypeNames, "f32", "compute precision of the matmuls", FIELD(model.dtype)));
   r.push_back(attention_scale_key());
   r.push_back(bool_key("model.attention.output_projection", "true",
@@ -1531,6 +1533,16 @@ void resolve_model(WalkContext& c) {
   } else if (m.final_norm && m.norm == NormPlacement::none && !c.is_bad("model.norm")) {
     c.error(c.where("model.final_norm"), "model.final_norm", "final_norm: true needs a norm, but norm is none",
             "set norm: pre or post, or final_norm: false");
+  }
+
+  // A pre-LN block is defined by its residual stream (R = X + MultiHead(LN1(X))): without the
+  // residuals it would be a different model, and the blocks always add them.
+  if (m.norm == NormPlacement::pre && !m.residual && c.is_given("model.residual") && !c.is_bad("model.norm") &&
+      !c.is_bad("model.residual")) {
+    c.error(c.where("model.residual"), "model.residual",
+            "residual: false with norm: pre, but a pre-LN block is built around its residual stream "
+            "(R = X + MultiHead(LN1(X)), Y = R + FFN(LN2(R))) and always adds it",
+            "keep residual: true with norm: pre, or use norm: post or none for blocks without residuals");
   }
 
   if (m.attention.scale == 0.0 && dk_ok) m.attention.scale = 1.0 / std::sqrt(static_cast<double>(m.d_k));
