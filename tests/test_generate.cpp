@@ -14,6 +14,7 @@
 #include "dnnl/engine.h"  // core/src: ScopedNoBf16Gemv
 #include "tessera/generate.h"
 #include "tessera/model.h"
+#include "tessera/ops.h"  // runtime_info
 #include "test_models.h"
 
 using namespace tessera;
@@ -92,7 +93,10 @@ class CachedStep : public ::testing::TestWithParam<CacheCase> {};
 // oneDNN's f32 kernels. Their sums differ by f32 ulps, and the next layer's rounding to bf16 turns
 // such a difference into a bf16 ulp now and then (logits ~1e-3 apart), so that case is held to
 // test_model's bf16 bound; test_gemv compares the GEMV's decode step by step with oneDNN's. With
-// the GEMV off, both sides run oneDNN and agree as f32 does.
+// the GEMV off, both sides run oneDNN and agree as f32 does, except on a CPU with AMX: there
+// oneDNN runs the many rows on its AMX tiles and one row on its AVX-512 bf16 kernels, whose sums
+// differ in order (measured 3.3e-3 apart at step 18 on an Intel Xeon with AMX, 0 with
+// ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16), so that case too is held to the bf16 bound there.
 TEST_P(CachedStep, EqualsFullRecomputeAtEveryStep) {
   const CacheCase& p = GetParam();
   ModelConfig c = tiny_decoder(p.kind);
@@ -102,7 +106,8 @@ TEST_P(CachedStep, EqualsFullRecomputeAtEveryStep) {
     if (p.no_gemv) off = std::make_unique<onednn::ScopedNoBf16Gemv>();
     return build(c);
   }();
-  const float tol = p.dtype == DType::bf16 && !p.reference && !p.no_gemv ? 2e-2f : 1e-5f;
+  const bool amx = tessera::runtime_info().isa == "avx512_core_amx";
+  const float tol = p.dtype == DType::bf16 && !p.reference && (!p.no_gemv || amx) ? 2e-2f : 1e-5f;
   std::vector<int32_t> seq = tokens(5, 11);
   Result<KVCache> cache = KVCache::create(m, 1, 64);
   ASSERT_TRUE(cache.ok()) << cache.status().message();
