@@ -6,7 +6,7 @@
 #
 # Environment: TESSERA (default build/release/tessera), TORCH_NEW (a python whose torch is PyPI's
 # current release: tools/reference/requirements-torch-current.txt), TORCH_DEBIAN (a python with
-# Debian's torch 1.13, default /usr/bin/python3), THREADS (default 2), MODELS (default
+# Debian's torch 1.13, default /usr/bin/python3; "none" skips it), THREADS (default 2), MODELS (default
 # "vit gpt bert"), PRECISIONS (default "f32 bf16"). Needs Fashion-MNIST (dataset-fashion-mnist)
 # and data/kjv/kjv.txt (tools/data/kjv.sh). Each figure lands in OUT_DIR as one JSON file per run;
 # the summary (medians over the rounds) is printed at the end.
@@ -54,7 +54,9 @@ for r in $(seq 1 "$rounds"); do
       echo "round $r: $m $p" >&2
       tessera_run "$m" "$p" "$r"
       [ -n "${TORCH_NEW:-}" ] && torch_run "$TORCH_NEW" torch-current "$m" "$p" "$r"
-      if [ "$p" = f32 ]; then torch_run "${TORCH_DEBIAN:-/usr/bin/python3}" torch-debian "$m" "$p" "$r"; fi
+      if [ "$p" = f32 ] && [ "${TORCH_DEBIAN:-}" != none ]; then
+        torch_run "${TORCH_DEBIAN:-/usr/bin/python3}" torch-debian "$m" "$p" "$r"
+      fi
     done
   done
 done
