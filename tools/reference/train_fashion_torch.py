@@ -62,10 +62,10 @@ def evaluate(model, x, y, batch=500):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="folder of Fashion-MNIST's four .gz IDX files")
-    ap.add_argument("--steps", type=int, default=4800)
+    ap.add_argument("--steps", type=int, default=12000)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--eval-every", type=int, default=600)
+    ap.add_argument("--eval-every", type=int, default=1500)
     ap.add_argument("--crop-padding", type=int, default=2)
     ap.add_argument("--no-augment", action="store_true")
     ap.add_argument("--max-seconds", type=float, default=0)
