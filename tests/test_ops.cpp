@@ -883,14 +883,28 @@ TEST(PrimitiveCache, CreatesOncePerShapeAndReusesAfter) {
   ASSERT_TRUE(ops::softmax(x2, y2).ok());  // another shape: another primitive
   EXPECT_EQ(onednn::cache_stats().created - s2.created, 1);
 
-  const Tensor a = random_tensor({5, 997}, rng), b = random_tensor({997, 3}, rng);
-  Tensor c = Tensor::empty({5, 3});
+  // Batched products run a matmul primitive (2-D f32 ones run sgemm, below).
+  const Tensor a = random_tensor({2, 5, 997}, rng), b = random_tensor({2, 997, 3}, rng);
+  Tensor c = Tensor::empty({2, 5, 3});
   const onednn::CacheStats m0 = onednn::cache_stats();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(ops::matmul(a, b, c, 0.5f).ok());
   EXPECT_EQ(onednn::cache_stats().created - m0.created, 1);
   ASSERT_TRUE(ops::matmul(a, b, c, 0.25f).ok());  // alpha is part of the key
   EXPECT_EQ(onednn::cache_stats().created - m0.created, 2);
   EXPECT_GE(onednn::cache_stats().entries, 4);
+
+  // A 2-D f32 product, plain or transposed operands: sgemm, no primitive.
+  const Tensor a2 = random_tensor({5, 997}, rng), b2t = random_tensor({3, 997}, rng);
+  Tensor c2 = Tensor::empty({5, 3}), want = Tensor::empty({5, 3});
+  const onednn::CacheStats g0 = onednn::cache_stats();
+  ASSERT_TRUE(ops::matmul(a2, b2t.transpose(0, 1), c2, 0.5f).ok());
+  const onednn::CacheStats g1 = onednn::cache_stats();
+  EXPECT_EQ(g1.created + g1.hits, g0.created + g0.hits);
+  EXPECT_EQ(g1.sgemm_calls - g0.sgemm_calls, 1);
+  ASSERT_TRUE(ref::matmul(a2, b2t.transpose(0, 1), want, 0.5f).ok());
+  Tensor scale = Tensor::empty({5, 3});
+  ASSERT_TRUE(ref::matmul(abs_of(a2), abs_of(b2t).transpose(0, 1), scale, 0.5f).ok());
+  EXPECT_TRUE(AllClose(c2, want, scale, matmul_factor(997)));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ Cache& cache() {
   static Cache* c = new Cache;  // never destroyed: primitives may outlive static destruction
   return *c;
 }
-std::atomic<int64_t> g_packed_calls{0}, g_plain_calls{0}, g_plain_copies{0}, g_gemv_calls{0};
+std::atomic<int64_t> g_packed_calls{0}, g_plain_calls{0}, g_plain_copies{0}, g_gemv_calls{0}, g_sgemm_calls{0};
 }  // namespace
 
 // Keys are byte strings: numbers go in as their 8 raw bytes (cheaper than printing them, and
@@ -169,7 +169,7 @@ std::shared_ptr<const Prim> cached(Key key, const std::function<Prim()>& make) {
 CacheStats cache_stats() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  return {c.created.load(), c.hits.load(), static_cast<int64_t>(c.map.size())};
+  return {c.created.load(), c.hits.load(), static_cast<int64_t>(c.map.size()), g_sgemm_calls.load()};
 }
 
 LinearStats linear_stats() {
@@ -178,6 +178,7 @@ LinearStats linear_stats() {
 void count_linear_call(bool packed) { (packed ? g_packed_calls : g_plain_calls).fetch_add(1); }
 void count_plain_copy() { g_plain_copies.fetch_add(1); }
 void count_gemv_call() { g_gemv_calls.fetch_add(1, std::memory_order_relaxed); }
+void count_sgemm_call() { g_sgemm_calls.fetch_add(1, std::memory_order_relaxed); }
 
 dnnl::primitive_attr base_attr() {
   dnnl::primitive_attr attr;

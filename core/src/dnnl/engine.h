@@ -12,6 +12,7 @@ struct CacheStats {
   int64_t created = 0;  // primitives created since the process started
   int64_t hits = 0;     // lookups that found an existing primitive
   int64_t entries = 0;  // primitives held now
+  int64_t sgemm_calls = 0;  // f32 matrix products run by dnnl_sgemm, which needs no primitive (matmul.cpp)
 };
 CacheStats cache_stats();
 

@@ -33,6 +33,56 @@ dnnl::matmul::primitive_desc matmul_pd(const memory::desc& a, const memory::desc
 
 memory::dims dims_of(const Tensor& t) { return memory::dims(t.shape().begin(), t.shape().end()); }
 
+// One f32 matrix as dnnl_sgemm reads it (row-major): 'N' with rows ld apart, or 'T' (the view is
+// the transpose of a row-major matrix) with columns ld apart. False when neither stride is 1.
+bool gemm_operand(const Tensor& t, char& trans, dnnl_dim_t& ld) {
+  const int64_t r = t.dim(0), c = t.dim(1), s0 = t.stride(0), s1 = t.stride(1);
+  if ((s1 == 1 || c == 1) && (r == 1 || s0 >= c)) {
+    trans = 'N';
+    ld = r == 1 ? c : s0;
+    return true;
+  }
+  if ((s0 == 1 || r == 1) && (c == 1 || s1 >= r)) {
+    trans = 'T';
+    ld = c == 1 ? r : s1;
+    return true;
+  }
+  return false;
+}
+
+// c = alpha · a · b [+ bias] [+ c] for f32 matrices with oneDNN's BLAS-style sgemm, which packs
+// its operands itself. The matmul primitive (brgemm) copies a plain b per thread and call: at
+// K = 768, N = 3072 (BERT's FFN) it runs at 40 % of sgemm's speed on 2 AVX-512 cores, and no
+// faster than sgemm on any training product measured (docs/PERFORMANCE.md). False (nothing done)
+// when a stride rules it out; then the primitive runs.
+bool sgemm(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c, float alpha, bool accumulate) {
+  if (a.rank() != 2 || a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32) return false;
+  if (bias && alpha != 1.f) return false;
+  char ta = 'N', tb = 'N', tc = 'N';
+  dnnl_dim_t lda = 0, ldb = 0, ldc = 0;
+  if (!gemm_operand(a, ta, lda) || !gemm_operand(b, tb, ldb) || !gemm_operand(c, tc, ldc) || tc != 'N') return false;
+  const int64_t M = c.dim(0), N = c.dim(1), K = a.dim(1);
+  float* C = c.data<float>();
+  float beta = accumulate ? 1.f : 0.f;
+  if (bias) {  // the bias row into c first (added to what it holds when accumulating), then c += a · b
+    const Tensor row = dense_f32(*bias, Slot::c);
+    const float* br = row.data<float>();
+#pragma omp parallel for schedule(static) if (M * N >= (1 << 16))
+    for (int64_t m = 0; m < M; ++m) {
+      float* cr = C + m * ldc;
+      if (accumulate)
+        for (int64_t n = 0; n < N; ++n) cr[n] += br[n];
+      else
+        for (int64_t n = 0; n < N; ++n) cr[n] = br[n];
+    }
+    beta = 1.f;
+  }
+  const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, alpha, a.data<float>(), lda, b.data<float>(), ldb, beta, C, ldc);
+  if (st != dnnl_success) throw dnnl::error(st, "dnnl_sgemm");
+  count_sgemm_call();
+  return true;
+}
+
 }  // namespace
 
 DType lowp_kernel_dtype() { return use_native_bf16() ? DType::bf16 : DType::f32; }
@@ -68,6 +118,13 @@ Status matmul(const char* op, const Tensor& a, const Tensor& b, const Tensor* bi
     if (bias) bias_row = dense_f32(*bias, Slot::c);
     const bool c_direct = !overlaps(c, a) && !overlaps(c, b);
     if (!c_direct) C = scratch_tensor(Slot::out, c.shape(), DType::f32);
+    if (kernel == DType::f32 && a.rank() == 2) {
+      if (!c_direct && accumulate) convert(c, C);
+      if (sgemm(A, B, bias, C, alpha, accumulate)) {
+        if (!c_direct) convert(C, c);
+        return Status::Ok();
+      }
+    }
 
     // The entry keeps the descriptors it was made with: mds = {a, b, c, bias}.
     Key key("matmul");

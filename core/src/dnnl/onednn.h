@@ -189,5 +189,6 @@ Status guarded(const char* op, const std::function<std::string()>& shapes, Body&
 void count_linear_call(bool packed);
 void count_plain_copy();
 void count_gemv_call();
+void count_sgemm_call();
 
 }  // namespace tessera::onednn
