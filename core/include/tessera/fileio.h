@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <span>
 #include <string_view>
 
 #include "tessera/status.h"
@@ -27,6 +28,9 @@ std::string hex64(uint64_t h);  // 16 lowercase hex digits
 
 // Temp file in the same directory, write, fsync, rename, fsync the directory.
 Status write_file_atomic(const std::string& path, std::string_view bytes);
+// The same for a file given as pieces written one after another (a large file without a copy of
+// it in memory: safetensors::Pieces).
+Status write_file_atomic(const std::string& path, std::span<const std::string_view> pieces);
 
 // A read-only memory map of a whole file. Move-only; unmaps on destruction. An empty file maps
 // to size() == 0 and data() == nullptr.

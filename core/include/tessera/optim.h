@@ -101,6 +101,9 @@ class Optimizer {
   // "adamw.m.NAME", "adamw.v.NAME" (AdamW) or "sgd.momentum.NAME" (SGD with momentum > 0), f32,
   // the parameter's shape. safetensors::write takes it as it is.
   std::vector<std::pair<std::string, Tensor>> state() const;
+  // The same tensors as views of the live state, no copy (what a checkpoint writes): they change
+  // with the next step() or load_state().
+  std::vector<std::pair<std::string, Tensor>> state_view() const;
   // Replaces the state with a copy of `state` (as state() gives it; any strides). Missing,
   // unexpected, mis-shaped and mis-typed entries are all reported, each by name, and nothing is
   // changed then. A loaded optimizer continues bit for bit as the one that saved the state.

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -83,5 +84,18 @@ Status write(const std::string& path, const std::vector<std::pair<std::string, T
 // The bytes write() would produce, for tests and in-memory use.
 Result<std::string> serialize(const std::vector<std::pair<std::string, Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
+
+// The same bytes as pieces, in order: `head` (the 8-byte header length and the header), then
+// each tensor's data, read from the tensor itself where it is contiguous (else from a contiguous
+// copy). A file of any size can be written from them (write_file_atomic) without a second copy
+// of the tensors in memory; the tensors must not change until then.
+struct Pieces {
+  std::string head;
+  std::vector<Tensor> data;
+  std::vector<std::string_view> views() const;  // head, then each tensor's bytes
+  uint64_t size() const;                       // bytes in all
+};
+Result<Pieces> serialize_pieces(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace tessera::safetensors

@@ -97,6 +97,10 @@ Result<std::string> read_file(const std::string& path) {
 }
 
 Status write_file_atomic(const std::string& path, std::string_view bytes) {
+  return write_file_atomic(path, std::span<const std::string_view>(&bytes, 1));
+}
+
+Status write_file_atomic(const std::string& path, std::span<const std::string_view> pieces) {
   TSR_ASSIGN_OR_RETURN(auto temp, create_temp_beside(path));
   const std::string& tmp = temp.first;
   Fd f{temp.second};
@@ -105,7 +109,8 @@ Status write_file_atomic(const std::string& path, std::string_view bytes) {
     ::unlink(tmp.c_str());
     return os_error(path, what + " (temporary file " + tmp + " removed)", err);
   };
-  if (int err = write_all(f.fd, bytes)) return fail("cannot write", err);
+  for (std::string_view bytes : pieces)
+    if (int err = write_all(f.fd, bytes)) return fail("cannot write", err);
   if (::fsync(f.fd) != 0) return fail("cannot fsync", errno);
   if (::close(f.release()) != 0) return fail("cannot close", errno);
   if (::rename(tmp.c_str(), path.c_str()) != 0)

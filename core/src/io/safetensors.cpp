@@ -335,9 +335,8 @@ Result<Tensor> File::get(const std::string& name) const {
 namespace {
 
 // serialize(), with `label` (the path, or "safetensors") opening each message.
-Result<std::string> serialize_as(const std::string& label,
-                                 const std::vector<std::pair<std::string, Tensor>>& tensors,
-                                 const std::map<std::string, std::string>& metadata) {
+Result<Pieces> pieces_as(const std::string& label, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
@@ -368,25 +367,47 @@ Result<std::string> serialize_as(const std::string& label,
   text.append((8 - text.size() % 8) % 8,
               ' ');  // the data starts 8-byte aligned, as the reference writer does
   const uint64_t n = text.size();
-  std::string out(8, '\0');
-  std::memcpy(out.data(), &n, 8);
-  out.reserve(8 + n + offset);
-  out += text;
-  for (const Tensor& t : contiguous) out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+  Pieces out;
+  out.head.assign(8, '\0');
+  std::memcpy(out.head.data(), &n, 8);
+  out.head += text;
+  out.data = std::move(contiguous);
   return out;
 }
 
 }  // namespace
 
+std::vector<std::string_view> Pieces::views() const {
+  std::vector<std::string_view> v{head};
+  for (const Tensor& t : data) v.emplace_back(static_cast<const char*>(t.raw_data()), t.nbytes());
+  return v;
+}
+
+uint64_t Pieces::size() const {
+  uint64_t n = head.size();
+  for (const Tensor& t : data) n += t.nbytes();
+  return n;
+}
+
+Result<Pieces> serialize_pieces(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                const std::map<std::string, std::string>& metadata) {
+  return pieces_as("safetensors", tensors, metadata);
+}
+
 Result<std::string> serialize(const std::vector<std::pair<std::string, Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata) {
-  return serialize_as("safetensors", tensors, metadata);
+  TSR_ASSIGN_OR_RETURN(Pieces p, pieces_as("safetensors", tensors, metadata));
+  std::string out;
+  out.reserve(p.size());
+  for (std::string_view v : p.views()) out += v;
+  return out;
 }
 
 Status write(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
              const std::map<std::string, std::string>& metadata) {
-  TSR_ASSIGN_OR_RETURN(std::string bytes, serialize_as(path, tensors, metadata));
-  return write_file_atomic(path, bytes);
+  TSR_ASSIGN_OR_RETURN(Pieces p, pieces_as(path, tensors, metadata));
+  const std::vector<std::string_view> views = p.views();
+  return write_file_atomic(path, views);
 }
 
 }  // namespace tessera::safetensors

@@ -20,6 +20,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "tessera/fileio.h"
@@ -32,6 +33,12 @@ namespace {
 // A file's checksum: FNV-1a-64 (fileio.h) in hex. It catches torn and corrupted files; it is not
 // meant to resist someone forging a checkpoint.
 std::string checksum(std::string_view bytes) { return hex64(fnv1a(bytes.data(), bytes.size())); }
+// The same over a file given as pieces (FNV-1a chains: the hash of the concatenation).
+std::string checksum(std::span<const std::string_view> pieces) {
+  uint64_t h = kFnvOffset;
+  for (std::string_view p : pieces) h = fnv1a(p.data(), p.size(), h);
+  return hex64(h);
+}
 
 
 namespace fs = std::filesystem;
@@ -145,25 +152,28 @@ std::string free_space_note(const std::string& dir) {
          std::to_string(static_cast<uint64_t>(v.f_bavail) * v.f_frsize) + " bytes free";
 }
 
-// The tensors as safetensors bytes, refusing what read_checkpoint could not load back.
-Result<std::string> serialize_tensors(const std::string& path, const NamedTensors& tensors,
-                                      const std::map<std::string, std::string>& metadata) {
+// The tensors as safetensors pieces (views of the tensors, no copy of a large optimizer state in
+// memory), refusing what read_checkpoint could not load back.
+Result<safetensors::Pieces> serialize_tensors(const std::string& path, const NamedTensors& tensors,
+                                              const std::map<std::string, std::string>& metadata) {
   for (const auto& [name, t] : tensors)
     if (t.defined() && t.dtype() == DType::f64)
       return Status::Invalid(path + ": tensor " + in_quotes(name) +
                              " is f64, which safetensors reading does not load back (store it as f32, "
                              "or as two f32 halves if the precision matters)");
-  Result<std::string> bytes = safetensors::serialize(tensors, metadata);
-  if (!bytes.ok()) return bytes.status().with_prefix(path);
-  return bytes;
+  Result<safetensors::Pieces> pieces = safetensors::serialize_pieces(tensors, metadata);
+  if (!pieces.ok()) return pieces.status().with_prefix(path);
+  return pieces;
 }
 
 // Writes one file into the temporary folder; a failure also says how much space was asked for.
-Status write_part(const std::string& path, const std::string& bytes, uint64_t checkpoint_bytes,
+Status write_part(const std::string& path, std::span<const std::string_view> pieces, uint64_t checkpoint_bytes,
                   const std::string& dir) {
-  const Status s = write_file_atomic(path, bytes);
+  const Status s = write_file_atomic(path, pieces);
   if (s.ok()) return s;
-  return Status(s.code(), s.message() + " (the file needs " + std::to_string(bytes.size()) +
+  uint64_t bytes = 0;
+  for (std::string_view p : pieces) bytes += p.size();
+  return Status(s.code(), s.message() + " (the file needs " + std::to_string(bytes) +
                               " bytes, the whole checkpoint about " + std::to_string(checkpoint_bytes) +
                               " bytes" + free_space_note(dir) + ")");
 }
@@ -413,19 +423,23 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c, int keep) {
   const std::map<std::string, std::string> metadata = {
       {"format", kFormat}, {"step", std::to_string(c.step)}, {"config_hash", c.config_hash}};
   json files = json::object();
-  // One file in memory at a time: serialised, hashed, written, freed. write_file_atomic fsyncs
-  // each file and then the temporary folder, so the folder is durable once state.json is.
+  // Each file written straight from the tensors (no copy of them in memory), hashed on the way.
+  // write_file_atomic fsyncs each file and then the temporary folder, so the folder is durable
+  // once state.json is.
   for (const auto& [file_name, tensors] :
        {std::pair<const char*, const NamedTensors*>{kWeightsFile, &weights},
         {kOptimizerFile, &c.optimizer}}) {
     const std::string path = join(temp, file_name);
-    Result<std::string> bytes = serialize_tensors(path, *tensors, metadata);
-    if (!bytes.ok()) return fail(bytes.status());
-    files[file_name] = {{"bytes", bytes->size()}, {"fnv1a", checksum(*bytes)}};
-    if (Status s = write_part(path, *bytes, checkpoint_bytes, dir); !s.ok()) return fail(s);
+    Result<safetensors::Pieces> pieces = serialize_tensors(path, *tensors, metadata);
+    if (!pieces.ok()) return fail(pieces.status());
+    const std::vector<std::string_view> views = pieces->views();
+    files[file_name] = {{"bytes", pieces->size()}, {"fnv1a", checksum(views)}};
+    if (Status s = write_part(path, views, checkpoint_bytes, dir); !s.ok()) return fail(s);
   }
-  if (Status s =
-          write_part(join(temp, kStateFile), state_text(c, hash_literal, files), checkpoint_bytes, dir);
+  const std::string state = state_text(c, hash_literal, files);
+  const std::string_view state_piece = state;
+  if (Status s = write_part(join(temp, kStateFile), std::span<const std::string_view>(&state_piece, 1),
+                            checkpoint_bytes, dir);
       !s.ok())
     return fail(s);
   if (Status s = install_folder(temp, final_path); !s.ok()) return fail(s);

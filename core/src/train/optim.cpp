@@ -385,7 +385,7 @@ Status Optimizer::step(Parameters& params, const Parameters& grads, double lr) {
   return Status::Ok();
 }
 
-std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
+std::vector<std::pair<std::string, Tensor>> Optimizer::state_view() const {
   std::vector<std::pair<std::string, Tensor>> out;
   Tensor step = Tensor::zeros({1}, DType::i64);
   step.data<int64_t>()[0] = steps_;
@@ -393,12 +393,18 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
   const bool adamw = options_.kind == OptimizerOptions::Kind::adamw;
   for (const Slot& s : slots_) {
     if (adamw) {
-      out.emplace_back("adamw.m." + s.name, s.m.clone());
-      out.emplace_back("adamw.v." + s.name, s.v.clone());
+      out.emplace_back("adamw.m." + s.name, s.m);
+      out.emplace_back("adamw.v." + s.name, s.v);
     } else if (s.m.defined()) {
-      out.emplace_back("sgd.momentum." + s.name, s.m.clone());
+      out.emplace_back("sgd.momentum." + s.name, s.m);
     }
   }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
+  std::vector<std::pair<std::string, Tensor>> out = state_view();
+  for (size_t i = 1; i < out.size(); ++i) out[i].second = out[i].second.clone();
   return out;
 }
 

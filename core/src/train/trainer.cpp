@@ -862,8 +862,11 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   }
 
   // Model and optimizer, fresh or from the latest checkpoint.
-  TSR_ASSIGN_OR_RETURN(Parameters resolved, Parameters::resolve(c));
-  Parameters params = resolved.clone();
+  Parameters params;
+  {  // owned, mutable copies of the resolved (initialised or mapped) tensors, which then go
+    TSR_ASSIGN_OR_RETURN(Parameters resolved, Parameters::resolve(c));
+    params = resolved.clone();
+  }
   // The optimizer sees only what is trained (train.freeze): frozen parameters get no update and no state.
   TSR_ASSIGN_OR_RETURN(Optimizer optim, Optimizer::create(optimizer_options(tc), trained_part(tc, params)));
   const std::string hash = config_hash(exp);
@@ -910,7 +913,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     Checkpoint ck;
     ck.step = at;
     ck.weights = params;
-    ck.optimizer = optim.state();
+    ck.optimizer = optim.state_view();  // written before the next step
     ck.config_hash = hash;
     json st = {{"step", at}, {"best_step", best_step}, {"since_best", since_best},
                {"loss_sum", loss_sum}, {"loss_n", loss_n}};
