@@ -49,6 +49,13 @@ TEST_F(FileIo, WriteThenReadRoundTripsBinaryBytes) {
   EXPECT_EQ(listing(), std::vector<std::string>{"x.bin"});
 }
 
+TEST_F(FileIo, WriteOfPiecesWritesThemInOrder) {
+  const std::string_view pieces[] = {"head|", "", std::string_view(kBinary), "|tail"};
+  ASSERT_TRUE(write_file_atomic(path("p.bin"), std::span<const std::string_view>(pieces)).ok());
+  EXPECT_EQ(read_file(path("p.bin")).value(), "head|" + std::string(kBinary) + "|tail");
+  EXPECT_EQ(listing(), std::vector<std::string>{"p.bin"});
+}
+
 TEST_F(FileIo, WriteReplacesAnExistingFileAndLeavesNoTemporary) {
   ASSERT_TRUE(write_file_atomic(path("x.txt"), "first version, longer").ok());
   ASSERT_TRUE(write_file_atomic(path("x.txt"), "second").ok());

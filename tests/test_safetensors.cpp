@@ -172,6 +172,25 @@ TEST(Safetensors, WriterKeepsTheGivenOrderAndWritesStridedTensorsContiguous) {
   EXPECT_EQ(f->get("a")->to_vector(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
 }
 
+// The pieces a large file is written from: the header, then the tensors' own bytes (no copy of a
+// contiguous tensor, a contiguous copy of a strided one), the same bytes as serialize().
+TEST(Safetensors, PiecesAreTheSerializedBytesAndReadContiguousTensorsInPlace) {
+  const Tensor big = Tensor::full({3, 4}, 2.5f);
+  const Tensor strided = Tensor::from_vector({2, 3}, {0, 1, 2, 3, 4, 5}).transpose(0, 1);
+  const std::vector<std::pair<std::string, Tensor>> tensors = {{"big", big}, {"t", strided}};
+  Result<st::Pieces> p = st::serialize_pieces(tensors, {{"k", "v"}});
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  ASSERT_EQ(p->data.size(), 2u);
+  EXPECT_EQ(p->data[0].raw_data(), big.raw_data());  // read in place
+  EXPECT_NE(p->data[1].raw_data(), strided.raw_data());
+  const std::vector<std::string_view> views = p->views();
+  ASSERT_EQ(views.size(), 3u);
+  std::string joined;
+  for (std::string_view v : views) joined += v;
+  EXPECT_EQ(joined.size(), p->size());
+  EXPECT_EQ(joined, st::serialize(tensors, {{"k", "v"}}).value());
+}
+
 TEST_F(SafetensorsFile, WriteThenOpenGivesViewsIntoTheMappingThatOutliveTheFile) {
   const std::string path = (dir_ / "model.safetensors").string();
   ASSERT_TRUE(st::write(path, every_dtype(), {{"k", "v"}}).ok());
