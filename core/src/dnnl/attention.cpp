@@ -54,13 +54,20 @@ bool cpu_has_avx2() {
   return yes;
 }
 
-// One score row through the online softmax: s (n values, -inf where masked) becomes
-// p = exp(s - m_new) in place; returns the row's sum of p and sets *m to m_new and *alpha to
-// exp(m_old - m_new), the factor the row's earlier sum and output must be scaled by. A row with
-// nothing but -inf leaves m as it was, gives p = 0, sum 0, alpha 1.
-float row_update_scalar(float* s, int64_t n, float* m, float* alpha) {
+// The vector expf's argument floor. libmvec computes lanes below about -87.3 (and -inf) with
+// scalar expf, several times slower, so arguments are raised to this first: exp(-87) = 1.6e-38
+// where the exact weight is smaller still, next to a row sum of at least 1. Masked scores never
+// reach it: their weights are written as exact zeros.
+constexpr float kExpFloor = -87.f;
+
+// One score row through the online softmax: of s (n values) the row's keys are columns [a, e);
+// those become p = exp(s - m_new) in place and the rest exact zeros; returns the row's sum of p
+// and sets *m to m_new and *alpha to exp(m_old - m_new), the factor the row's earlier sum and
+// output must be scaled by. A row with no key here (a >= e, or only -inf scores) leaves m as it
+// was, gives p = 0, sum 0, alpha 1.
+float row_update_scalar(float* s, int64_t n, int64_t a, int64_t e, float* m, float* alpha) {
   float mx = kNegInf;
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+  for (int64_t j = a; j < e; ++j) mx = std::max(mx, s[j]);
   if (mx == kNegInf) {
     std::fill(s, s + n, 0.f);
     *alpha = 1.f;
@@ -69,8 +76,10 @@ float row_update_scalar(float* s, int64_t n, float* m, float* alpha) {
   const float m_new = std::max(*m, mx);
   *alpha = *m == kNegInf ? 0.f : std::exp(*m - m_new);
   *m = m_new;
+  std::fill(s, s + a, 0.f);
+  std::fill(s + e, s + n, 0.f);
   float sum = 0.f;
-  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m_new));
+  for (int64_t j = a; j < e; ++j) sum += (s[j] = std::exp(s[j] - m_new));
   return sum;
 }
 
@@ -88,12 +97,13 @@ __attribute__((target("avx2,fma"))) float hmax(__m256 v) {
   return _mm_cvtss_f32(x);
 }
 
-__attribute__((target("avx2,fma"))) float row_update_avx2(float* s, int64_t n, float* m, float* alpha) {
-  const int64_t n8 = n & ~int64_t{7};
+__attribute__((target("avx2,fma"))) float row_update_avx2(float* s, int64_t n, int64_t a, int64_t e, float* m,
+                                                         float* alpha) {
   __m256 vmax = _mm256_set1_ps(kNegInf);
-  for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+  int64_t j = a;
+  for (; j + 8 <= e; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
   float mx = hmax(vmax);
-  for (int64_t j = n8; j < n; ++j) mx = std::max(mx, s[j]);
+  for (; j < e; ++j) mx = std::max(mx, s[j]);
   if (mx == kNegInf) {
     std::fill(s, s + n, 0.f);
     *alpha = 1.f;
@@ -102,15 +112,17 @@ __attribute__((target("avx2,fma"))) float row_update_avx2(float* s, int64_t n, f
   const float m_new = std::max(*m, mx);
   *alpha = *m == kNegInf ? 0.f : std::exp(*m - m_new);
   *m = m_new;
-  const __m256 vm = _mm256_set1_ps(m_new);
+  std::fill(s, s + a, 0.f);
+  std::fill(s + e, s + n, 0.f);
+  const __m256 vm = _mm256_set1_ps(m_new), floor = _mm256_set1_ps(kExpFloor);
   __m256 vsum = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n8; j += 8) {
-    const __m256 p = _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+  for (j = a; j + 8 <= e; j += 8) {
+    const __m256 p = _ZGVdN8v_expf(_mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm), floor));
     _mm256_storeu_ps(s + j, p);
     vsum = _mm256_add_ps(vsum, p);
   }
   float sum = hsum(vsum);
-  for (int64_t j = n8; j < n; ++j) sum += (s[j] = std::exp(s[j] - m_new));
+  for (; j < e; ++j) sum += (s[j] = std::exp(s[j] - m_new));
   return sum;
 }
 
@@ -127,10 +139,10 @@ __attribute__((target("avx2,fma"))) void probs_row_avx2(float* s, int64_t n, int
                                                         float lse) {
   if (lse == kNegInf) a = e = n;
   std::fill(s, s + a, 0.f);
-  const __m256 vl = _mm256_set1_ps(lse);
+  const __m256 vl = _mm256_set1_ps(lse), floor = _mm256_set1_ps(kExpFloor);
   int64_t j = a;
   for (; j + 8 <= e; j += 8)
-    _mm256_storeu_ps(s + j, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(s + j), vl)));
+    _mm256_storeu_ps(s + j, _ZGVdN8v_expf(_mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vl), floor)));
   for (; j < e; ++j) s[j] = std::exp(s[j] - lse);
   std::fill(s + e, s + n, 0.f);
 }
@@ -249,13 +261,12 @@ void attend_block(const float* Q, int64_t ldq, const float* K, int64_t ldk, cons
     dnnl_sgemm('N', 'T', R, C, dk, scale, Q + i0 * ldq, ldq, K + j0 * ldk, ldk, 0.f, s, C);
     for (int64_t r = 0; r < R; ++r) {
       float* sr = s + r * C;
-      // Mask what lies outside the row's range (-inf: exp gives an exact 0).
+      // The row's keys in this tile: the rest of the row gets exact zero weights.
       int64_t a, e;
       tile_cols(lo[r], hi[r], j0, C, &a, &e);
-      std::fill(sr, sr + a, kNegInf);
-      std::fill(sr + e, sr + C, kNegInf);
       float alpha = 1.f;
-      const float sum = avx2 ? row_update_avx2(sr, C, &t.m[r], &alpha) : row_update_scalar(sr, C, &t.m[r], &alpha);
+      const float sum = avx2 ? row_update_avx2(sr, C, a, e, &t.m[r], &alpha)
+                             : row_update_scalar(sr, C, a, e, &t.m[r], &alpha);
       t.l[r] = t.l[r] * alpha + sum;
       if (alpha != 1.f) {
         float* orow = o + r * dv;
