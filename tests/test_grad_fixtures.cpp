@@ -456,6 +456,35 @@ TEST_P(GradDropoutFixtures, LossAndGradientsMatchAutogradWithTheSameMasks) {
 INSTANTIATE_TEST_SUITE_P(GradFixtures, GradDropoutFixtures, ::testing::ValuesIn(kDropoutCases),
                          [](const auto& info) { return info.param; });
 
+// The step's bf16 weight copies: every matmul weight rounded to bf16; a block's weight with
+// N >= K stored transposed (what oneDNN's bf16 matmul reads fastest), the others row-major; the
+// rest of the parameters the same tensors.
+TEST(GradFixtures, LowpWeightsAreTheRoundedMatmulWeightsBlocksWideOnesStoredTransposed) {
+  auto f = load_grad_fixture("gpt2");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  auto resolved = Parameters::resolve(f->model);
+  ASSERT_TRUE(resolved.ok()) << resolved.status().message();
+  const Parameters params = resolved->clone();
+  const Parameters lowp = lowp_weights(f->model, params);
+  int transposed = 0, plain = 0;
+  for (const auto& [name, t] : params) {
+    const Tensor* l = lowp.find(name);
+    ASSERT_NE(l, nullptr) << name;
+    ASSERT_EQ(l->shape(), t.shape()) << name;
+    if (l->dtype() != DType::bf16) {
+      EXPECT_EQ(l->raw_data(), t.raw_data()) << name;  // not a matmul weight: the same tensor
+      continue;
+    }
+    const bool wide = name.rfind("blocks.", 0) == 0 && t.dim(1) >= t.dim(0);
+    EXPECT_EQ(l->stride(0) == 1 && t.dim(1) > 1, wide) << name;
+    (wide ? transposed : plain) += 1;
+    const std::vector<float> want = t.to_vector(), got = l->to_vector();
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], round_to_bf16(want[i])) << name << " [" << i << "]";
+  }
+  EXPECT_GT(transposed, 0);
+  EXPECT_GT(plain, 0);  // W_2 (d_ff > d_model) and the tied head's table
+}
+
 // What compute_gradients cannot use is refused with a message that says what to do.
 TEST(GradFixtures, RefusesWhatItCannotTrain) {
   auto f = load_grad_fixture("gpt2");

@@ -1,6 +1,7 @@
 // Model assembly and the forward pass: stem -> N blocks -> final norm -> head, each part in its
 // own file (stem.cpp, block.cpp, head.cpp; layout.cpp resolves the batch's rows). Parameters come
 // from weights.cpp; this file turns them into packed layers once and runs the parts in order.
+#include <algorithm>
 #include <cstring>
 
 #include "arena.h"
@@ -36,6 +37,22 @@ Tensor concat_last(const std::vector<Tensor>& parts) {
   const bool vec = parts[0].rank() == 1;
   // bf16 parts (mixed-precision training's weight copies) stay bf16; anything else becomes f32.
   const DType dt = parts[0].dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  // Parts that are transpose views of row-major copies (lowp_weights) give one too: their rows
+  // stacked, (n, K) row-major, seen as (K, n).
+  const bool transposed = !vec && std::all_of(parts.begin(), parts.end(), [&](const Tensor& p) {
+    return p.dtype() == dt && p.dim(0) > 1 && p.stride(0) == 1 && p.transpose(0, 1).is_contiguous();
+  });
+  if (transposed) {
+    const int64_t K = parts[0].dim(0);
+    Tensor rows = Tensor::empty({n, K}, dt);
+    char* dst = static_cast<char*>(rows.raw_data());
+    for (const auto& p : parts) {
+      const size_t bytes = static_cast<size_t>(p.numel()) * dtype_size(dt);
+      std::memcpy(dst, p.raw_data(), bytes);
+      dst += bytes;
+    }
+    return rows.transpose(0, 1);
+  }
   Tensor out = vec ? Tensor::empty({n}, dt) : Tensor::empty({parts[0].dim(0), n}, dt);
   const size_t es = dtype_size(dt);
   int64_t c0 = 0;
