@@ -51,10 +51,11 @@ bool gemm_operand(const Tensor& t, char& trans, dnnl_dim_t& ld) {
 }
 
 // c = alpha · a · b [+ bias] [+ c] for f32 matrices with oneDNN's BLAS-style sgemm, which packs
-// its operands itself. The matmul primitive (brgemm) copies a plain b per thread and call: at
-// K = 768, N = 3072 (BERT's FFN) it runs at 40 % of sgemm's speed on 2 AVX-512 cores, and no
-// faster than sgemm on any training product measured (docs/PERFORMANCE.md). False (nothing done)
-// when a stride rules it out; then the primitive runs.
+// its operands itself. The matmul primitive (brgemm) reads a plain b of many columns slowly: at
+// K = 768, N = 3072 (BERT-base's FFN) it runs at 40 % of sgemm's speed on 2 AVX-512 cores, and
+// of the training products measured it is faster on one only, by 8 %
+// (tools/reference/matmul_vs_sgemm.cpp, docs/PERFORMANCE.md). False (nothing done) when a stride
+// rules sgemm out; then the primitive runs.
 bool sgemm(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c, float alpha, bool accumulate) {
   if (a.rank() != 2 || a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32) return false;
   if (bias && alpha != 1.f) return false;
