@@ -1034,7 +1034,10 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     const double norm = clip_grad_norm(trained_grads, tc.clip_norm);
     const double lr = scheduled_lr(schedule_options(tc), tc.lr, step, total);
     TSR_RETURN_IF_ERROR(optim.step(trained, trained_grads, lr));
-    if (go.lowp) lowp = lowp_weights(c, params);
+    if (go.lowp) {  // the old copies go first, so that the new ones reuse their blocks
+      lowp = Parameters();
+      lowp = lowp_weights(c, params);
+    }
     grads.zero();
     ++step;
     loss_sum += step_loss;
