@@ -129,6 +129,32 @@ TEST(Tensor, UnflattenMakesHeadViews) {
   EXPECT_EQ(vblock.at({1, 1, 0}), 7.f);
 }
 
+// Shapes that change from step to step (padded batches): the kept blocks of sizes done with are
+// freed on a miss, so kept and live blocks never hold more than the most the live ones did; a
+// repeated shape still gets its block back.
+TEST(TensorReuse, KeptAndLiveBlocksStayWithinThePeakOfTheLiveOnes) {
+  const TensorReuse reuse;
+  const size_t base = TensorReuse::stats().live;  // what other tests left alive
+  for (int step = 0; step < 40; ++step) {
+    const int64_t rows = 64 + 37 * step;  // 64 KiB and up, a new size class nearly every step
+    Tensor a = Tensor::empty({rows, 256}), b = Tensor::empty({rows, 512});
+    const TensorReuse::Stats s = TensorReuse::stats();
+    EXPECT_LE(s.idle + s.live, s.peak_live) << "step " << step;
+  }
+  const TensorReuse::Stats end = TensorReuse::stats();
+  EXPECT_EQ(end.live, base);
+  // The last step's pair is the most live there ever was; the idle blocks fit in it.
+  EXPECT_LE(end.idle, end.peak_live - base);
+  EXPECT_GT(end.idle, 0u);
+  const void* kept = nullptr;
+  {
+    Tensor a = Tensor::empty({4096, 64});
+    kept = a.raw_data();
+  }
+  Tensor again = Tensor::empty({4096, 64});
+  EXPECT_EQ(again.raw_data(), kept);
+}
+
 TEST(TensorReuse, KeepsFreedBlocksWhileAliveOnly) {
   const Shape big{512, 1024};  // 2 MiB: above the size kept
   const void* first = nullptr;

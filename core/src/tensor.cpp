@@ -1,6 +1,7 @@
 // Tensor storage, views and dtype conversion. No arithmetic beyond element conversion lives here.
 #include "tessera/tensor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -141,13 +142,20 @@ std::atomic<int64_t> g_allocations{0};
 // malloc's own free lists cheaply and are not kept; larger ones are rounded up to one of eight
 // classes per power of two (at most 12.5 % over), so that batches whose row counts vary a little
 // still find a block. At most kReuseCap bytes are kept idle; a block beyond that is freed.
+// Kept and live blocks together never hold more than the most the live ones ever held in this
+// scope (peak_live): an allocation that finds no block of its class first frees idle blocks of
+// other classes until that holds. A loop whose steps allocate the same tensors keeps every block
+// (its misses are all in the first step, when nothing is idle yet); one whose shapes vary (batches
+// of sequences padded to different lengths) no longer piles up blocks of sizes it has done with.
 constexpr size_t kReuseMin = size_t{64} << 10;
 constexpr size_t kReuseCap = size_t{4} << 30;
 
 struct ReuseCache {
   std::mutex mu;
   int scopes = 0;
-  size_t idle = 0;
+  size_t idle = 0;       // bytes kept for reuse
+  size_t live = 0;       // bytes of blocks of kReuseMin or more in use
+  size_t peak_live = 0;  // the most `live` has been since the first scope opened
   std::unordered_map<size_t, std::vector<void*>> free;
 };
 
@@ -176,6 +184,7 @@ std::shared_ptr<void> allocate(size_t nbytes) {
   n = reuse_class(n);
   void* p = nullptr;
   ReuseCache& cache = reuse_cache();
+  std::vector<void*> evicted;
   {
     std::lock_guard<std::mutex> lock(cache.mu);
     auto it = cache.free.find(n);
@@ -184,13 +193,28 @@ std::shared_ptr<void> allocate(size_t nbytes) {
       it->second.pop_back();
       cache.idle -= n;
     }
+    cache.live += n;
+    cache.peak_live = std::max(cache.peak_live, cache.live);
+    if (!p)  // a miss: idle blocks of other classes go first, so that idle + live <= peak_live
+      for (auto e = cache.free.begin(); e != cache.free.end() && cache.idle + cache.live > cache.peak_live; ++e)
+        while (!e->second.empty() && cache.idle + cache.live > cache.peak_live) {
+          evicted.push_back(e->second.back());
+          e->second.pop_back();
+          cache.idle -= e->first;
+        }
   }
+  for (void* q : evicted) std::free(q);
   if (!p) p = std::aligned_alloc(Tensor::kAlignment, n);
+  if (!p) {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    cache.live -= n;
+  }
   TSR_CHECK(p != nullptr, "out of memory allocating a tensor");
   return std::shared_ptr<void>(p, [n](void* q) {
     ReuseCache& c = reuse_cache();
     {
       std::lock_guard<std::mutex> lock(c.mu);
+      c.live -= n;
       if (c.scopes > 0 && c.idle + n <= kReuseCap) {
         c.free[n].push_back(q);
         c.idle += n;
@@ -257,7 +281,13 @@ int64_t Tensor::allocations() { return g_allocations.load(std::memory_order_rela
 TensorReuse::TensorReuse() {
   ReuseCache& c = reuse_cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  ++c.scopes;
+  if (c.scopes++ == 0) c.peak_live = c.live;
+}
+
+TensorReuse::Stats TensorReuse::stats() {
+  ReuseCache& c = reuse_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return {c.idle, c.live, c.peak_live};
 }
 
 TensorReuse::~TensorReuse() {

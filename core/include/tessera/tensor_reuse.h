@@ -9,8 +9,13 @@
 //
 // While any TensorReuse is alive (on any thread), storage blocks of 64 KiB or more that are freed
 // are kept, and an allocation of the same size class takes one of them before asking the system.
-// Values are never affected: a new tensor is uninitialised either way. Thread-safe.
+// Kept and live blocks together stay within the most the live ones have held since the first
+// scope opened: an allocation that finds no block of its class frees kept blocks of other sizes
+// first, so that loops whose shapes vary (padded batches) do not pile up blocks. Values are never
+// affected: a new tensor is uninitialised either way. Thread-safe.
 #pragma once
+
+#include <cstddef>
 
 namespace tessera {
 
@@ -20,6 +25,13 @@ class TensorReuse {
   ~TensorReuse();  // the last one alive releases the kept blocks
   TensorReuse(const TensorReuse&) = delete;
   TensorReuse& operator=(const TensorReuse&) = delete;
+
+  // Bytes of blocks of 64 KiB or more: kept idle, in use, and the most in use since the first
+  // scope opened (for tests and memory reports).
+  struct Stats {
+    size_t idle = 0, live = 0, peak_live = 0;
+  };
+  static Stats stats();
 };
 
 }  // namespace tessera
