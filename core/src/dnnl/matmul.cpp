@@ -2,6 +2,8 @@
 // over the caller's strided views (attention's head views and K transposes need no copy); the
 // same with a bias row and accumulation into c for the training ops (onednn::matmul).
 // Not here: Linear (linear.cpp), which owns packed weights and fused post-ops.
+#include <optional>
+
 #include "dnnl/onednn.h"
 #include "ops_common.h"
 
@@ -50,27 +52,39 @@ bool gemm_operand(const Tensor& t, char& trans, dnnl_dim_t& ld) {
   return false;
 }
 
-// c = alpha · a · b [+ bias] [+ c] for f32 matrices with oneDNN's BLAS-style sgemm, which packs
-// its operands itself. The matmul primitive (brgemm) reads a plain b of many columns slowly: at
-// K = 768, N = 3072 (BERT-base's FFN) it runs at 40 % of sgemm's speed on 2 AVX-512 cores, and
-// of the training products measured it is faster on one only, by 8 %
-// (tools/reference/matmul_vs_sgemm.cpp, docs/PERFORMANCE.md). False (nothing done) when a stride
-// rules sgemm out; then the primitive runs.
-bool sgemm(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c, float alpha, bool accumulate) {
-  if (a.rank() != 2 || a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32) return false;
-  if (bias && alpha != 1.f) return false;
-  char ta = 'N', tb = 'N', tc = 'N';
+// How dnnl_sgemm reads c = a · b: each operand's transposition and row stride.
+struct GemmLayout {
+  char ta = 'N', tb = 'N';
   dnnl_dim_t lda = 0, ldb = 0, ldc = 0;
-  if (!gemm_operand(a, ta, lda) || !gemm_operand(b, tb, ldb) || !gemm_operand(c, tc, ldc) || tc != 'N') return false;
+};
+
+// The layout of an f32 product sgemm can run on its operands as they are (c written row by
+// row); none when a stride rules it out.
+std::optional<GemmLayout> gemm_layout(const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (a.rank() != 2 || a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32)
+    return std::nullopt;
+  GemmLayout g;
+  char tc = 'N';
+  if (!gemm_operand(a, g.ta, g.lda) || !gemm_operand(b, g.tb, g.ldb) || !gemm_operand(c, tc, g.ldc) || tc != 'N')
+    return std::nullopt;
+  return g;
+}
+
+// c = alpha · a · b [+ bias] [+ c] for f32 matrices with oneDNN's BLAS-style sgemm, which packs
+// its operands itself; bias (dense, N) needs alpha = 1. The matmul primitive (brgemm) reads a
+// plain b of many columns slowly: at K = 768, N = 3072 (BERT-base's FFN) it runs at 40 % of
+// sgemm's speed on 2 AVX-512 cores, and of the training products measured it is faster on one
+// only, by 8 % (tools/reference/matmul_vs_sgemm.cpp, docs/PERFORMANCE.md).
+void sgemm(const GemmLayout& g, const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c, float alpha,
+           bool accumulate) {
   const int64_t M = c.dim(0), N = c.dim(1), K = a.dim(1);
   float* C = c.data<float>();
   float beta = accumulate ? 1.f : 0.f;
   if (bias) {  // the bias row into c first (added to what it holds when accumulating), then c += a · b
-    const Tensor row = dense_f32(*bias, Slot::c);
-    const float* br = row.data<float>();
+    const float* br = bias->data<float>();
 #pragma omp parallel for schedule(static) if (M * N >= (1 << 16))
     for (int64_t m = 0; m < M; ++m) {
-      float* cr = C + m * ldc;
+      float* cr = C + m * g.ldc;
       if (accumulate)
         for (int64_t n = 0; n < N; ++n) cr[n] += br[n];
       else
@@ -78,10 +92,10 @@ bool sgemm(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c, floa
     }
     beta = 1.f;
   }
-  const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, alpha, a.data<float>(), lda, b.data<float>(), ldb, beta, C, ldc);
+  const dnnl_status_t st =
+      dnnl_sgemm(g.ta, g.tb, M, N, K, alpha, a.data<float>(), g.lda, b.data<float>(), g.ldb, beta, C, g.ldc);
   if (st != dnnl_success) throw dnnl::error(st, "dnnl_sgemm");
   count_sgemm_call();
-  return true;
 }
 
 }  // namespace
@@ -119,13 +133,13 @@ Status matmul(const char* op, const Tensor& a, const Tensor& b, const Tensor* bi
     if (bias) bias_row = dense_f32(*bias, Slot::c);
     const bool c_direct = !overlaps(c, a) && !overlaps(c, b);
     if (!c_direct) C = scratch_tensor(Slot::out, c.shape(), DType::f32);
-    if (kernel == DType::f32 && a.rank() == 2) {
-      if (!c_direct && accumulate) convert(c, C);
-      if (sgemm(A, B, bias, C, alpha, accumulate)) {
+    if (kernel == DType::f32 && !(bias && alpha != 1.f))
+      if (const std::optional<GemmLayout> g = gemm_layout(A, B, C)) {
+        if (!c_direct && accumulate) convert(c, C);  // c's sums go on from what it holds
+        sgemm(*g, A, B, bias ? &bias_row : nullptr, C, alpha, accumulate);
         if (!c_direct) convert(C, c);
         return Status::Ok();
       }
-    }
 
     // The entry keeps the descriptors it was made with: mds = {a, b, c, bias}.
     Key key("matmul");

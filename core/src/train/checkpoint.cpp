@@ -30,16 +30,15 @@ namespace tessera {
 
 namespace {
 
-// A file's checksum: FNV-1a-64 (fileio.h) in hex. It catches torn and corrupted files; it is not
+// A file's checksum: FNV-1a-64 (fileio.h) in hex, of a file given whole or as pieces (chained
+// through them: the hash of their concatenation). It catches torn and corrupted files; it is not
 // meant to resist someone forging a checkpoint.
-std::string checksum(std::string_view bytes) { return hex64(fnv1a(bytes.data(), bytes.size())); }
-// The same over a file given as pieces (FNV-1a chains: the hash of the concatenation).
 std::string checksum(std::span<const std::string_view> pieces) {
   uint64_t h = kFnvOffset;
   for (std::string_view p : pieces) h = fnv1a(p.data(), p.size(), h);
   return hex64(h);
 }
-
+std::string checksum(std::string_view bytes) { return checksum(std::span<const std::string_view>(&bytes, 1)); }
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
