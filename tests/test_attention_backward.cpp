@@ -32,6 +32,7 @@
 
 using namespace tessera;
 using testing_util::max_abs;
+using testing_util::ThreadCount;
 using testing_util::max_abs_diff;
 using testing_util::random_uniform;
 using testing_util::values_of;
@@ -164,12 +165,6 @@ void packed_ranges(Problem* p) {
   }
   p->lo[p->B * T - 1] = p->hi[p->B * T - 1] = 17;
 }
-
-// Restores the op thread count when a test changes it.
-struct ThreadCount {
-  int saved = num_threads();
-  ~ThreadCount() { set_num_threads(saved); }
-};
 
 }  // namespace
 

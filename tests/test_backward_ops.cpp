@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -33,6 +34,7 @@ using testing_util::IsOk;
 using testing_util::max_rel_error;
 using testing_util::random_tensor;
 using testing_util::SameRefusal;
+using testing_util::ThreadCount;
 using testing_util::values_of;
 
 namespace {
@@ -164,6 +166,40 @@ TEST(BackwardLinear, ParameterGradientsAccumulate) {
   ASSERT_TRUE(IsOk(ref::linear_backward(x, w, dy, nullptr, &ref_w, &ref_b)));
   for (const Tensor* t : {&fast_w, &ref_w}) EXPECT_LT(max_rel_error(*t, sum_w), 1e-6);
   for (const Tensor* t : {&fast_b, &ref_b}) EXPECT_LT(max_rel_error(*t, sum_b), 1e-6);
+}
+
+// The bias gradient over many rows (several of the sums' row chunks, the last one short), dense
+// and through a transpose view: within f32 rounding of the f64 column sums, added onto what db
+// held, and the same bits on 1, 2 and 3 threads, on both precisions.
+TEST(BackwardLinear, BiasGradientOverManyRowsIsTheF64SumOnAnyThreadCount) {
+  std::mt19937 rng(13);
+  const ThreadCount restore;
+  const int64_t M = 1000, K = 3, N = 37;
+  const Tensor x = random_tensor({M, K}, rng), w = random_tensor({K, N}, rng), db0 = random_tensor({N}, rng);
+  const Tensor dense = random_tensor({M, N}, rng);
+  const Tensor strided = transposed_copy(dense);  // the same values, a column stride of M
+  for (const DType compute : {DType::f32, DType::bf16})
+    for (const Tensor* dy : {&dense, &strided}) {
+      std::vector<double> want(N);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) want[n] += dense.data<float>()[m * N + n];
+      Tensor first;
+      for (const int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        Tensor db = db0.clone();
+        ASSERT_TRUE(IsOk(ops::linear_backward(x, w, *dy, nullptr, nullptr, &db, compute)));
+        const std::string at = std::string(dy == &dense ? "dense" : "strided") + " dy, " +
+                               std::to_string(threads) + " threads, " + dtype_name(compute);
+        for (int64_t n = 0; n < N; ++n) {
+          const double expect = static_cast<double>(db0.data<float>()[n]) + want[n];
+          EXPECT_NEAR(db.data<float>()[n], expect, 1e-6 * (std::abs(expect) + 1)) << at << ", column " << n;
+        }
+        if (threads == 1)
+          first = db;
+        else
+          EXPECT_EQ(0, std::memcmp(first.raw_data(), db.raw_data(), first.nbytes())) << at;
+      }
+    }
 }
 
 // A tied LM head: logits = h · Eᵀ reads the (V, C) embedding table through a transpose view, and

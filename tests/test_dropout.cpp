@@ -28,6 +28,7 @@
 
 using namespace tessera;
 using testing_util::max_abs;
+using testing_util::ThreadCount;
 using testing_util::max_abs_diff;
 using testing_util::random_uniform;
 using testing_util::values_of;
@@ -44,11 +45,6 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor x = a.contiguous(), y = b.contiguous();
   return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }
-
-struct ThreadCount {
-  int saved = num_threads();
-  ~ThreadCount() { set_num_threads(saved); }
-};
 
 // How many of n elements a mask drops.
 int64_t dropped(const DropoutMask& m, int64_t n) {

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "dnnl/engine.h"  // core/src: the primitive cache and Linear counters
+#include "dnnl/onednn.h"  // core/src: convert
 #include "tessera/ops.h"
 #include "test_util.h"
 
@@ -135,6 +137,53 @@ TEST(OpsRuntime, ActivationNames) {
 
 // ---------------------------------------------------------------------------------------------
 // matmul
+
+// onednn::convert, which rounds every operand of a bf16 product, against the scalar
+// f32_to_bf16 (nearest, ties to even; a NaN stays a quiet NaN) bit for bit, in each direction, on
+// rows long and short enough for the vector loops (AVX-512 and AVX2, 16 and 8 lanes) and their
+// tails, dense and through a strided view: random bit patterns (NaNs, infinities and subnormals
+// among them) and the edge cases by name.
+TEST(Convert, EveryDirectionIsTheScalarRoundingBitForBit) {
+  std::mt19937 rng(7);
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  std::vector<float> special = {0.f, -0.f, 1.f, -1.f, from_bits(0x3f808000u), from_bits(0x3f818000u),
+                                from_bits(0x3f808001u), from_bits(0x7f7fffffu), from_bits(0x7f7f8000u),
+                                std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                from_bits(0x7fc00000u), from_bits(0xff800001u), from_bits(0x7f800001u),
+                                from_bits(0x00000001u), from_bits(0x00008000u), from_bits(0x80018000u)};
+  for (const int64_t C : {1, 7, 8, 15, 16, 17, 31, 33, 64, 70, 1000}) {
+    const int64_t R = 3;
+    std::vector<float> v(static_cast<size_t>(R * C));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = i < special.size() ? special[i] : from_bits(static_cast<uint32_t>(rng()));
+    const Tensor src = Tensor::from_vector({R, C}, v);
+    Tensor to16 = Tensor::empty({R, C}, DType::bf16), rounded = Tensor::empty({R, C}), back = Tensor::empty({R, C});
+    onednn::convert(src, to16);
+    onednn::convert(src, rounded, /*round_bf16=*/true);
+    onednn::convert(to16, back);
+    // A strided destination: a transpose view, its rows' elements R apart.
+    Tensor buf = Tensor::zeros({C, R}, DType::bf16);
+    Tensor strided = buf.transpose(0, 1);
+    onednn::convert(src, strided);
+    for (int64_t i = 0; i < R * C; ++i) {
+      const uint16_t want = f32_to_bf16(v[i]).bits;
+      const std::string at = "C " + std::to_string(C) + ", element " + std::to_string(i) + " (bits " +
+                             std::to_string(bits(v[i])) + ")";
+      ASSERT_EQ(to16.data<bf16>()[i].bits, want) << at;
+      ASSERT_EQ(bits(rounded.data<float>()[i]), static_cast<uint32_t>(want) << 16) << at;
+      ASSERT_EQ(bits(back.data<float>()[i]), static_cast<uint32_t>(want) << 16) << at;
+      ASSERT_EQ(buf.data<bf16>()[(i % C) * R + i / C].bits, want) << at;
+    }
+  }
+}
 
 TEST(Matmul, RandomShapesWithTransposedViewsAndAlpha) {
   std::mt19937 rng(11);

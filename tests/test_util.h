@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/ops.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
 
@@ -117,5 +118,11 @@ inline double max_abs(const Tensor& a) {
   }
   return m;
 }
+
+// Restores the op thread count when a test changes it.
+struct ThreadCount {
+  int saved = num_threads();
+  ~ThreadCount() { set_num_threads(saved); }
+};
 
 }  // namespace tessera::testing_util

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "dnnl/onednn.h"
 #include "ops_common.h"
@@ -18,21 +19,39 @@ using dnnl::memory;
 
 namespace {
 
-// db (N) += Σ_m dy (M, N): in double, blocks of columns shared among the threads, each column
-// summed in row order (the same bits on any number of threads). A block is one cache line of
-// floats, so that a width of a few hundred columns still splits evenly over the threads.
-void add_column_sums(const Tensor& dy, Tensor& db) {
+// db (N) += Σ_m dy (M, N), in double. The rows are cut into chunks of kRows, the same cut on any
+// number of threads; the threads share the chunks, each summing its rows as they lie in memory
+// (one pass of unit stride, the chunk's N sums in L1), and the chunks' sums are then added in
+// chunk order: the same bits on any number of threads. (Cutting the columns among the threads
+// instead made each read one cache line of every row, latency-bound: 7.6 % of the Fashion-MNIST
+// ViT's bf16 step.) With `rounded`, each chunk of dy is first rounded into it (bf16 compute's copy
+// of dy for the products), so that the sums read the rows while they are in cache.
+void add_column_sums(const Tensor& dy, Tensor& db, Tensor* rounded = nullptr) {
   const int64_t M = dy.dim(0), N = dy.dim(1), rs = dy.stride(0), cs = dy.stride(1), ds = db.stride(0);
   const float* g = dy.data<float>();
   float* out = db.data<float>();
-  constexpr int64_t kBlock = 16;
+  constexpr int64_t kRows = 128;
+  const int64_t chunks = (M + kRows - 1) / kRows;
+  std::vector<double> part(static_cast<size_t>(chunks * N));
 #pragma omp parallel for schedule(static) if (M * N >= (1 << 16))
-  for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
-    const int64_t n1 = std::min(N, n0 + kBlock);
-    double acc[kBlock] = {};
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = n0; n < n1; ++n) acc[n - n0] += g[m * rs + n * cs];
-    for (int64_t n = n0; n < n1; ++n) out[n * ds] += static_cast<float>(acc[n - n0]);
+  for (int64_t k = 0; k < chunks; ++k) {
+    double* acc = part.data() + k * N;
+    const int64_t m1 = std::min(M, (k + 1) * kRows);
+    if (rounded) onednn::convert_rows(dy, *rounded, /*round_bf16=*/true, k * kRows, m1);
+    for (int64_t m = k * kRows; m < m1; ++m) {
+      const float* row = g + m * rs;
+      if (cs == 1) {
+#pragma omp simd
+        for (int64_t n = 0; n < N; ++n) acc[n] += row[n];
+      } else {
+        for (int64_t n = 0; n < N; ++n) acc[n] += row[n * cs];
+      }
+    }
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    double s = 0;
+    for (int64_t k = 0; k < chunks; ++k) s += part[static_cast<size_t>(k * N + n)];
+    out[n * ds] += static_cast<float>(s);
   }
 }
 
@@ -88,12 +107,18 @@ Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
   // dense, into the kernels' dtype (bf16, or f32 holding bf16 values where the kernels are f32);
   // the products then read them as they are (f32 compute on operands already rounded).
   Tensor X = x, DY = dy;
+  bool db_done = false;
   DType rest = compute;  // what the products still have to round: only an f32 w
   if (compute == DType::bf16 && x.numel() > 0 && dy.numel() > 0) {
     onednn::apply_threads();
     const DType k = onednn::lowp_kernel_dtype();
     DY = onednn::scratch_tensor(onednn::Slot::lowp_b, dy.shape(), k);
-    onednn::convert(dy, DY, /*round_bf16=*/true);
+    if (db) {
+      add_column_sums(dy, *db, &DY);  // db (f32, from dy as it is) in the same pass
+      db_done = true;
+    } else {
+      onednn::convert(dy, DY, /*round_bf16=*/true);
+    }
     if (dw) {
       X = onednn::scratch_tensor(onednn::Slot::lowp_a, x.shape(), k);
       onednn::convert(x, X, /*round_bf16=*/true);
@@ -112,7 +137,7 @@ Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
       TSR_RETURN_IF_ERROR(onednn::matmul(op, X.transpose(0, 1), DY, nullptr, *dw, 1.f, /*accumulate=*/true));
     }
   }
-  if (db && dy.numel() > 0) {
+  if (db && dy.numel() > 0 && !db_done) {
     onednn::apply_threads();
     add_column_sums(dy, *db);  // f32, from dy as it is
   }

@@ -136,6 +136,9 @@ bool overlaps(const Tensor& a, const Tensor& b);   // their byte ranges intersec
 // Tensor::copy_from). With round_bf16, values are rounded to bf16 on the way (round to nearest
 // even), also into an f32 destination. Parallel over rows.
 void convert(const Tensor& src, Tensor& dst, bool round_bf16 = false);
+// convert's rows r0 … r1 - 1 (rows: the last dimension; src and dst f32 or bf16), on the calling
+// thread: for a caller that does more with each row range while it is in cache.
+void convert_rows(const Tensor& src, Tensor& dst, bool round_bf16, int64_t r0, int64_t r1);
 
 // `t` itself when it is dense f32, else a dense f32 copy in `slot`.
 Tensor dense_f32(const Tensor& t, Slot slot);
