@@ -478,6 +478,50 @@ TEST(BackwardLinearBf16, NativeAndEmulatedAgreeAndGradientsAccumulate) {
   for (int i = 0; i < 4; ++i) EXPECT_LT(max_rel_error(n[i], e[i]), kFastTol) << i;
 }
 
+// A layer's kept bf16 copy of x (to_bf16) in place of x: the same products bit for bit, forward
+// and backward, native and emulated, on both paths; and to_bf16 is f32_to_bf16 on every element.
+TEST(BackwardLinearBf16, ABf16CopyOfXGivesTheSameBitsAsX) {
+  std::mt19937 rng(29);
+  const int64_t M = 37, K = 19, N = 23;
+  const Tensor x = random_tensor({M, K}, rng), w = random_tensor({K, N}, rng), b = random_tensor({N}, rng),
+               dy = random_tensor({M, N}, rng);
+  Tensor xb = Tensor::empty({M, K}, DType::bf16), xr = Tensor::empty({M, K}, DType::bf16);
+  ASSERT_TRUE(IsOk(ops::to_bf16(x, xb)));
+  ASSERT_TRUE(IsOk(ref::to_bf16(x, xr)));
+  for (int64_t i = 0; i < M * K; ++i) {
+    ASSERT_EQ(xb.data<bf16>()[i].bits, f32_to_bf16(x.data<float>()[i]).bits) << i;
+    ASSERT_EQ(xr.data<bf16>()[i].bits, xb.data<bf16>()[i].bits) << i;
+  }
+  auto bits_equal = [](const Tensor& a, const Tensor& c) {
+    return a.nbytes() == c.nbytes() && std::memcmp(a.raw_data(), c.raw_data(), a.nbytes()) == 0;
+  };
+  for (bool emulate : bf16_emulation_modes())
+    for (bool reference : {false, true}) {
+      std::unique_ptr<onednn::ScopedBf16Emulation> scope;
+      if (emulate) scope = std::make_unique<onednn::ScopedBf16Emulation>();
+      const std::string at = std::string(emulate ? "emulated" : "native") + (reference ? ", reference" : ", fast");
+      Tensor y[2], dx[2], dw[2], db[2];
+      for (int i = 0; i < 2; ++i) {
+        const Tensor& in = i ? xb : x;
+        y[i] = Tensor::empty({M, N});
+        dx[i] = Tensor::empty({M, K});
+        dw[i] = Tensor::zeros({K, N});
+        db[i] = Tensor::zeros({N});
+        if (reference) {
+          ASSERT_TRUE(IsOk(ref::linear_plain(in, w, b, y[i], DType::bf16))) << at;
+          ASSERT_TRUE(IsOk(ref::linear_backward(in, w, dy, &dx[i], &dw[i], &db[i], DType::bf16))) << at;
+        } else {
+          ASSERT_TRUE(IsOk(ops::linear_plain(in, w, b, y[i], DType::bf16))) << at;
+          ASSERT_TRUE(IsOk(ops::linear_backward(in, w, dy, &dx[i], &dw[i], &db[i], DType::bf16))) << at;
+        }
+      }
+      EXPECT_TRUE(bits_equal(y[0], y[1])) << at;
+      EXPECT_TRUE(bits_equal(dx[0], dx[1])) << at;
+      EXPECT_TRUE(bits_equal(dw[0], dw[1])) << at;
+      EXPECT_TRUE(bits_equal(db[0], db[1])) << at;
+    }
+}
+
 TEST(BackwardLinearBf16, Refusals) {
   std::mt19937 rng(23);
   const Tensor x = random_tensor({7, 13}, rng), w = random_tensor({13, 5}, rng), dy = random_tensor({7, 5}, rng);
@@ -487,11 +531,19 @@ TEST(BackwardLinearBf16, Refusals) {
   EXPECT_TRUE(contains(ops::linear_plain(x, wb, Tensor(), y), "w must be f32, got bf16 (13, 5)"));
   EXPECT_TRUE(SameRefusal(ops::linear_backward(f64(x), w, dy, &dx, &dw, &db, DType::bf16),
                           ref::linear_backward(f64(x), w, dy, &dx, &dw, &db, DType::bf16)));
-  EXPECT_TRUE(contains(ref::linear_backward(f64(x), w, dy, &dx, &dw, &db, DType::bf16), "x must be f32, got f64"));
+  EXPECT_TRUE(contains(ref::linear_backward(f64(x), w, dy, &dx, &dw, &db, DType::bf16),
+                       "x must be f32 or bf16 for bf16 compute, got f64"));
   EXPECT_TRUE(contains(ops::linear_plain(x, w.to(DType::f64), Tensor(), y, DType::bf16),
                        "w must be f32 or bf16 for bf16 compute, got f64 (13, 5)"));
-  EXPECT_TRUE(contains(ops::linear_plain(x.to(DType::bf16), wb, Tensor(), y, DType::bf16),
-                       "x must be f32, got bf16 (7, 13)"));
+  EXPECT_TRUE(contains(ops::linear_plain(x.to(DType::bf16), w, Tensor(), y), "x must be f32, got bf16 (7, 13)"));
+  Tensor yb = Tensor::empty({7, 5}, DType::bf16);
+  EXPECT_TRUE(contains(ops::linear_plain(x, w, Tensor(), yb, DType::bf16), "y must be f32"));
+  // to_bf16: f32 in, bf16 of its shape out
+  Tensor xb = Tensor::empty({7, 13}, DType::bf16);
+  EXPECT_TRUE(contains(ops::to_bf16(xb, xb), "ops::to_bf16: x must be f32 and y bf16, got x bf16 (7, 13)"));
+  EXPECT_TRUE(contains(ref::to_bf16(x, dx), "ref::to_bf16: x must be f32 and y bf16"));
+  Tensor short_b = Tensor::empty({7, 12}, DType::bf16);
+  EXPECT_TRUE(contains(ops::to_bf16(x, short_b), "y bf16 (7, 12) does not match x"));
   const Status f16 = ops::linear_backward(x, w, dy, &dx, &dw, &db, DType::f16);
   EXPECT_TRUE(contains(f16, "ops::linear_backward: compute must be f32 or bf16, got f16")) << f16.message();
   EXPECT_TRUE(SameRefusal(f16, ref::linear_backward(x, w, dy, &dx, &dw, &db, DType::f16)));

@@ -333,23 +333,28 @@ Status check_elementwise_training(const char* op, std::initializer_list<NamedTen
 namespace {
 // The compute dtype of a training linear, and w's dtype under it: with bf16 compute the other
 // tensors are f32 (checked with them) and w is f32 or bf16 (a step's rounded copy).
-Status check_linear_compute(const char* op, const Tensor& w, DType compute) {
+// x and w are then checked here, f32 or bf16 (x: a layer's rounded copy, ops::to_bf16).
+Status check_linear_compute(const char* op, const Tensor& x, const Tensor& w, DType compute) {
   if (compute == DType::f32) return Status::Ok();
   if (compute != DType::bf16)
     return Status::Invalid(std::string(op) + ": compute must be f32 or bf16, got " + dtype_name(compute));
-  TSR_RETURN_IF_ERROR(need_defined(op, "w", w));
-  if (w.dtype() != DType::f32 && w.dtype() != DType::bf16)
-    return Status::Invalid(std::string(op) + ": w must be f32 or bf16 for bf16 compute, got " + w.describe());
+  for (const NamedTensor& t : {NamedTensor{"x", &x}, NamedTensor{"w", &w}}) {
+    TSR_RETURN_IF_ERROR(need_defined(op, t.first, *t.second));
+    if (t.second->dtype() != DType::f32 && t.second->dtype() != DType::bf16)
+      return Status::Invalid(std::string(op) + ": " + t.first + " must be f32 or bf16 for bf16 compute, got " +
+                             t.second->describe());
+  }
   return Status::Ok();
 }
 }  // namespace
 
 Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                           bool f64_ok, DType compute) {
-  TSR_RETURN_IF_ERROR(check_linear_compute(op, w, compute));
+  TSR_RETURN_IF_ERROR(check_linear_compute(op, x, w, compute));
   const bool mixed = compute == DType::bf16;
   TSR_RETURN_IF_ERROR(check_training_dtypes(
-      op, {{"x", &x}, {"w", mixed ? nullptr : &w}, {"b", b.defined() ? &b : nullptr}, {"y", &y}}, f64_ok && !mixed));
+      op, {{"x", mixed ? nullptr : &x}, {"w", mixed ? nullptr : &w}, {"b", b.defined() ? &b : nullptr}, {"y", &y}},
+      f64_ok && !mixed));
   if (x.rank() != 2 || w.rank() != 2)
     return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() +
                            ", w " + w.describe());
@@ -363,10 +368,10 @@ Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, cons
 
 Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy,
                              const Tensor* dx, const Tensor* dw, const Tensor* db, bool f64_ok, DType compute) {
-  TSR_RETURN_IF_ERROR(check_linear_compute(op, w, compute));
+  TSR_RETURN_IF_ERROR(check_linear_compute(op, x, w, compute));
   const bool mixed = compute == DType::bf16;
   TSR_RETURN_IF_ERROR(check_training_dtypes(
-      op, {{"x", &x}, {"w", mixed ? nullptr : &w}, {"dy", &dy}, {"dx", dx}, {"dw", dw}, {"db", db}},
+      op, {{"x", mixed ? nullptr : &x}, {"w", mixed ? nullptr : &w}, {"dy", &dy}, {"dx", dx}, {"dw", dw}, {"db", db}},
       f64_ok && !mixed));
   if (x.rank() != 2 || w.rank() != 2)
     return Status::Invalid(std::string(op) + ": x must be (M, K) and w (K, N); got x " + x.describe() +
@@ -379,6 +384,17 @@ Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, c
   if (dx) TSR_RETURN_IF_ERROR(shape_is(op, "dx", *dx, {M, K}));
   if (dw) TSR_RETURN_IF_ERROR(shape_is(op, "dw", *dw, {K, N}));
   if (db) TSR_RETURN_IF_ERROR(shape_is(op, "db", *db, {N}));
+  return Status::Ok();
+}
+
+Status check_to_bf16(const char* op, const Tensor& x, const Tensor& y) {
+  TSR_RETURN_IF_ERROR(need_defined(op, "x", x));
+  TSR_RETURN_IF_ERROR(need_defined(op, "y", y));
+  if (x.dtype() != DType::f32 || y.dtype() != DType::bf16)
+    return Status::Invalid(std::string(op) + ": x must be f32 and y bf16, got x " + x.describe() + ", y " +
+                           y.describe());
+  if (x.shape() != y.shape())
+    return Status::Invalid(std::string(op) + ": y " + y.describe() + " does not match x " + x.describe());
   return Status::Ok();
 }
 

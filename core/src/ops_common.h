@@ -42,12 +42,15 @@ using NamedTensor = std::pair<const char*, const Tensor*>;
 Status check_training_dtypes(const char* op, std::initializer_list<NamedTensor> ts, bool f64_ok);
 // The dtype rule, and every tensor of the first one's shape, which has at least one axis.
 Status check_elementwise_training(const char* op, std::initializer_list<NamedTensor> ts, bool f64_ok);
-// compute: f32, or bf16 (mixed precision): then every tensor is f32 but w, which may also be bf16.
+// compute: f32, or bf16 (mixed precision): then every tensor is f32 but x and w, which may also
+// be bf16.
 Status check_linear_plain(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                           bool f64_ok, DType compute = DType::f32);
 Status check_linear_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& dy,
                              const Tensor* dx, const Tensor* dw, const Tensor* db, bool f64_ok,
                              DType compute = DType::f32);
+// to_bf16: x f32, y bf16 of x's shape.
+Status check_to_bf16(const char* op, const Tensor& x, const Tensor& y);
 Status check_activation_backward(const char* op, Activation act, const Tensor& x, const Tensor& dy,
                                  const Tensor& dx, bool f64_ok);
 Status check_layer_norm_train(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta,

@@ -141,7 +141,9 @@ Status merge_heads(const Tensor& x, Tensor& y);
 //     ops round the inputs of each product to bf16 (round to nearest even: x and w forward, dy and
 //     w for dx, x and dy for dw), sum the products in f32 and write f32, as PyTorch's CPU autocast
 //     does; the bias and db stay f32 (db sums dy unrounded). w may then be given as bf16 (the
-//     step's rounded copy of the f32 master weights), every other tensor is f32. Native bf16
+//     step's rounded copy of the f32 master weights), and x as bf16 (to_bf16 below: a training
+//     layer keeps the rounded copy of an input that only products read, in half the memory and
+//     without rounding it again in the backward); every other tensor is f32. Native bf16
 //     kernels where oneDNN has them (AVX512_BF16, AMX), else the rounded values multiplied by the
 //     f32 kernels: the same products, summed in another order.
 
@@ -152,6 +154,8 @@ Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
 // dw may be a strided view (the (V, C) table's transpose for a tied head).
 Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
                        DType compute = DType::f32);
+// y (bf16, x's shape) = x (f32) rounded to nearest even: the x that bf16 compute's products read.
+Status to_bf16(const Tensor& x, Tensor& y);
 
 // dx = dy ⊙ act'(x), x the activation's input (the pre-activation rows). dx may be dy.
 Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
@@ -225,6 +229,7 @@ double activate_derivative(Activation act, double x);  // d act / dx at x
 Status linear_plain(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, DType compute = DType::f32);
 Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
                        DType compute = DType::f32);
+Status to_bf16(const Tensor& x, Tensor& y);
 Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
 Status layer_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                         Tensor& mean, Tensor& rstd);

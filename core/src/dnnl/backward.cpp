@@ -119,7 +119,7 @@ Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
     } else {
       onednn::convert(dy, DY, /*round_bf16=*/true);
     }
-    if (dw) {
+    if (dw && !(x.dtype() == DType::bf16 && k == DType::bf16)) {  // a bf16 x (to_bf16) feeds bf16 kernels as it is
       X = onednn::scratch_tensor(onednn::Slot::lowp_a, x.shape(), k);
       onednn::convert(x, X, /*round_bf16=*/true);
     }
@@ -145,6 +145,13 @@ Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
   if (dx)
     TSR_RETURN_IF_ERROR(
         onednn::matmul(op, DY, w.transpose(0, 1), nullptr, *dx, 1.f, /*accumulate=*/false, rest));
+  return Status::Ok();
+}
+
+Status to_bf16(const Tensor& x, Tensor& y) {
+  TSR_RETURN_IF_ERROR(detail::check_to_bf16("ops::to_bf16", x, y));
+  onednn::apply_threads();
+  onednn::convert(x, y, /*round_bf16=*/true);
   return Status::Ok();
 }
 

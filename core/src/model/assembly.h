@@ -113,8 +113,8 @@ struct BlockSaved {
   Tensor ln1_in, ln1_mean, ln1_rstd;  // LN1's input: X (pre-LN) or X + U (post-LN)
   Tensor r;                           // the FFN sub-layer's stream: X + U (pre-LN) or LN1(X + U)
   Tensor ln2_in, ln2_mean, ln2_rstd;  // LN2's input: R (pre-LN) or R + F (post-LN)
-  Tensor ffn_in;                      // (B·T, C) the FFN's input rows
-  Tensor a, g;                        // (B·T, F) its hidden rows before and after the activation
+  Tensor ffn_in;                      // (B·T, C) the FFN's input rows (pre-LN, bf16 compute: rounded, in bf16)
+  Tensor a, g;                        // (B·T, F) its hidden rows before and after the activation (g: bf16 at bf16 compute)
   DropoutMask attn_out_drop, ffn_out_drop;  // residual dropout's masks (p 0: none), regenerated backward
 };
 // The block's dropout: on the attention weights, and on each sub-layer's output before the

@@ -481,7 +481,7 @@ Status attention_forward_train(const AttentionLayer& L, const AttentionParams& w
   if (!relative && !rows.plain && !key_ranges(rows, &sv->lo, &sv->hi))
     return Status::Invalid("training: a batch whose sequences are not each one run of rows (padding between "
                                  "real rows, or a sequence split by another)");
-  sv->x = x.reshape({B * T, C});
+  TSR_RETURN_IF_ERROR(ex.product_input(x.reshape({B * T, C}), &sv->x));
   sv->qkv = Tensor::empty({B * T, w.w_qkv.dim(1)});
   TSR_RETURN_IF_ERROR(ex.linear_plain(sv->x, w.w_qkv, w.b_qkv, sv->qkv));
   Tensor q = head_view(sv->qkv, B, T, 0, H, dk);

@@ -81,15 +81,21 @@ namespace {
 
 Tensor rows2(const Tensor& t) { return t.reshape({t.numel() / t.dim(-1), t.dim(-1)}); }
 
-// y = [x +] FFN(x) rows: a = x·W1 + b1, g = act(a), y = g·W2 + b2 (+ residual).
+// y = [x +] FFN(x) rows: a = x·W1 + b1, g = act(a), y = g·W2 + b2 (+ residual). x and g are
+// kept as the products read them (Exec::product_input); x as it is where the block keeps it
+// anyway (post-LN: it is R).
 Status ffn_train(const ModelConfig& c, const BlockParams& w, const Exec& ex, const Tensor& in, BlockSaved* s,
                  Tensor& out) {
   const int64_t M = in.numel() / c.d_model;
-  s->ffn_in = rows2(in);
+  if (c.norm == NormPlacement::pre)
+    TSR_RETURN_IF_ERROR(ex.product_input(rows2(in), &s->ffn_in));
+  else
+    s->ffn_in = rows2(in);
   s->a = Tensor::empty({M, c.d_ff});
-  s->g = Tensor::empty({M, c.d_ff});
   TSR_RETURN_IF_ERROR(ex.linear_plain(s->ffn_in, w.w1, w.b1, s->a));
-  TSR_RETURN_IF_ERROR(ex.activation(c.activation, s->a, s->g));
+  Tensor g = Tensor::empty({M, c.d_ff});
+  TSR_RETURN_IF_ERROR(ex.activation(c.activation, s->a, g));
+  TSR_RETURN_IF_ERROR(ex.product_input(g, &s->g));
   Tensor o2 = rows2(out);
   return ex.linear_plain(s->g, w.w2, w.b2, o2);
 }

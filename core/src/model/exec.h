@@ -55,6 +55,16 @@ struct Exec {
     return reference ? ref::linear_backward(x, w, dy, dx, dw, db, compute)
                      : ops::linear_backward(x, w, dy, dx, dw, db, compute);
   }
+  // What a training layer keeps of an input x that only the products read: x itself at f32
+  // compute; at bf16 its rounded copy (half the memory, and not rounded again in the backward).
+  Status product_input(const Tensor& x, Tensor* kept) const {
+    if (compute != DType::bf16) {
+      *kept = x;
+      return Status::Ok();
+    }
+    *kept = Tensor::empty(x.shape(), DType::bf16);
+    return reference ? ref::to_bf16(x, *kept) : ops::to_bf16(x, *kept);
+  }
   Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) const {
     return reference ? ref::activation_backward(act, x, dy, dx) : ops::activation_backward(act, x, dy, dx);
   }

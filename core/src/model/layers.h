@@ -94,7 +94,7 @@ struct AttentionParams {
 
 // What attention_backward needs from attention_forward_train.
 struct AttentionSaved {
-  Tensor x;       // (B·T, C) the rows the attention read
+  Tensor x;       // (B·T, C) the rows the attention read (bf16 compute: rounded, in bf16)
   Tensor qkv;     // (B·T, H·(2dk + dv)) Q and K (rotated) and V
   Tensor concat;  // (B, T, H·dv) the heads' outputs side by side
   Tensor lse;     // (B, H, T) each query row's log-sum-exp of its scores (fused kernel)

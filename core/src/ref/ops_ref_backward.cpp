@@ -289,6 +289,15 @@ Status linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tenso
                    : linear_backward_t<float>(x, w, dy, dx, dw, db);
 }
 
+Status to_bf16(const Tensor& x, Tensor& y) {
+  TSR_RETURN_IF_ERROR(detail::check_to_bf16("ref::to_bf16", x, y));
+  const Tensor c = x.contiguous();
+  Tensor out = Tensor::empty(x.shape(), DType::bf16);
+  for (int64_t i = 0; i < c.numel(); ++i) out.data<bf16>()[i] = f32_to_bf16(c.data<float>()[i]);
+  y.copy_from(out);
+  return Status::Ok();
+}
+
 Status activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
   TSR_RETURN_IF_ERROR(detail::check_activation_backward("ref::activation_backward", act, x, dy, dx, true));
   return is_f64(x) ? activation_backward_t<double>(act, x, dy, dx)
