@@ -184,6 +184,51 @@ TEST(MlmMasking, OtherSharesAreHonouredAndAnExampleAlwaysHasOneChosenRow) {
   }
 }
 
+// train.mask_replace and train.mask_random: the chosen rows are the same whatever the split (the
+// choice and the split are separate draws), and each share of them is honoured: all masked, all
+// kept, all random, and one in between within binomial bounds.
+TEST(MlmMasking, TheSplitOfTheChosenRowsIsTheConfiguredOne) {
+  struct Split {
+    double replace, random;
+  };
+  std::vector<int32_t> first_targets;
+  for (const Split sp : {Split{0.8, 0.1}, Split{1, 0}, Split{0, 0}, Split{0, 1}, Split{0.5, 0.3}}) {
+    MaskSpec spec = spec_of(0.2);
+    spec.replace = sp.replace;
+    spec.random = sp.random;
+    int64_t chosen = 0, masked = 0, random = 0, kept = 0;
+    std::vector<int32_t> all_targets;
+    for (int64_t example = 0; example < 300; ++example) {
+      const Synthetic s = synthetic(80, example);
+      std::vector<int32_t> out(s.ids.size()), targets(s.ids.size());
+      std::vector<MaskChoice> choices(s.ids.size());
+      mask_sequence(spec, mlm_train_key(3, 1, example), s.ids.data(), s.roles.data(), 80, out.data(), targets.data(),
+                    choices.data());
+      all_targets.insert(all_targets.end(), targets.begin(), targets.end());
+      for (int64_t t = 0; t < 80; ++t) {
+        if (choices[t] == MaskChoice::none) continue;
+        ++chosen;
+        masked += choices[t] == MaskChoice::masked;
+        random += choices[t] == MaskChoice::random;
+        kept += choices[t] == MaskChoice::kept;
+        if (choices[t] == MaskChoice::masked) ASSERT_EQ(out[t], spec.mask_id);
+        if (choices[t] == MaskChoice::kept) ASSERT_EQ(out[t], s.ids[t]);
+      }
+    }
+    const std::string at = "replace " + std::to_string(sp.replace) + ", random " + std::to_string(sp.random);
+    if (first_targets.empty())
+      first_targets = all_targets;
+    else
+      EXPECT_EQ(all_targets, first_targets) << at << ": the split changed which rows are chosen";
+    if (sp.replace == 1) EXPECT_EQ(masked, chosen) << at;
+    if (sp.random == 1) EXPECT_EQ(random, chosen) << at;
+    if (sp.replace == 0 && sp.random == 0) EXPECT_EQ(kept, chosen) << at;
+    expect_binomial(masked, chosen, sp.replace, at + ": masked");
+    expect_binomial(random, chosen, sp.random, at + ": random");
+    expect_binomial(kept, chosen, 1 - sp.replace - sp.random, at + ": kept");
+  }
+}
+
 TEST(MlmMasking, IsAFunctionOfTheKeyAloneOnAnyThreadInAnyOrder) {
   const MaskSpec spec = spec_of(0.15);
   const int64_t n_examples = 64;
@@ -370,6 +415,18 @@ TEST(MlmConfig, BadValuesAreErrorsWithTheirPlace) {
   for (const std::string v : {"0", "1", "1.5", "-0.1"}) {
     const std::string s = errors(byte_mlm_yaml("x.txt", "mask_prob: " + v));
     EXPECT_TRUE(has(s, "exp.yaml:18:") && has(s, "train.mask_prob: must be in (0, 1), found " + v)) << s;
+  }
+  // The split of the chosen rows: each share in [0, 1], the two at most 1 together, named at the
+  // key that was written last in the pair's check (mask_random when given).
+  for (const std::string v : {"1.5", "-0.1"}) {
+    const std::string s = errors(byte_mlm_yaml("x.txt", "mask_replace: " + v));
+    EXPECT_TRUE(has(s, "exp.yaml:18:") && has(s, "train.mask_replace: must be in [0, 1], found " + v)) << s;
+  }
+  {
+    const std::string s = errors(byte_mlm_yaml("x.txt", "mask_replace: 0.9, mask_random: 0.2"));
+    EXPECT_TRUE(has(s, "exp.yaml:18:58: train.mask_random: train.mask_replace (0.9) and train.mask_random (0.2) "
+                       "add up to more than 1"))
+        << s;
   }
   // A decoder (causal) cannot be a masked LM.
   std::string dec = byte_mlm_yaml("x.txt", "");

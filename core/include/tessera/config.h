@@ -328,10 +328,13 @@ struct TrainConfig {
   Baseline baseline = Baseline::none;  // lm: train a baseline instead of the model
   double add_k = 1.0;                  // unigram, bigram: add-k smoothing of the counts
   int64_t window = 8;                  // proximity: how many preceding tokens are averaged
-  // mlm: the share of each example's content rows chosen for the loss (80 % of them replaced by
-  // the mask token, 10 % by a random ordinary token, 10 % left as they are), and the mask token's
-  // id (-1: the plugin's own, [MASK] or <mask>).
+  // mlm: the share of each example's content rows chosen for the loss; of the chosen, the share
+  // replaced by the mask token and the share replaced by a random ordinary token (the rest are left
+  // as they are: BERT's and ESM's 80/10/10 by default); and the mask token's id (-1: the plugin's
+  // own, [MASK] or <mask>).
   double mask_prob = 0.15;
+  double mask_replace = 0.8;
+  double mask_random = 0.1;
   int64_t mask_id = -1;
 };
 

@@ -176,8 +176,9 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
 // ---------------------------------------------------------------------------------------------
 // Masked-LM masking (train.objective: mlm), BERT/ESM style. Each of an example's content rows
 // (role TSR_ROLE_CONTENT: never CLS, EOS, BOS, SEP, pad, unknown or an existing mask) is chosen
-// with probability `prob`; a chosen row is replaced by the mask token with probability 0.8, by a
-// random ordinary token with 0.1, and kept as it is with 0.1; the loss is the cross-entropy of the
+// with probability `prob`; a chosen row is replaced by the mask token with probability `replace`
+// (0.8), by a random ordinary token with `random` (0.1), and kept as it is otherwise (train.mask_*);
+// the loss is the cross-entropy of the
 // original id at the chosen rows only. An example with content rows always has one chosen (the
 // row with the smallest draw, when the coin chose none), so no batch has nothing to learn.
 //
@@ -188,13 +189,13 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
 
 struct MaskSpec {
   double prob = 0.15;
+  double replace = 0.8, random = 0.1;  // of the chosen: the mask token, a random token; the rest kept
   int32_t mask_id = -1;
   std::vector<int32_t> random_ids;  // what a random replacement draws from (uniformly); not empty
 };
 
 // What masking did to one row.
 enum class MaskChoice : uint8_t { none = 0, masked = 1, random = 2, kept = 3 };
-inline constexpr double kMaskShare = 0.8, kRandomShare = 0.1;  // the rest of the chosen: kept
 
 uint64_t mlm_train_key(int64_t seed, int64_t step, int64_t example);
 uint64_t mlm_eval_key(int64_t seed, int64_t example);

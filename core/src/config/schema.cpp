@@ -1343,9 +1343,16 @@ void append_train_keys(std::vector<KeyRule>& r) {
   r.push_back(int_key("train.window", kAtLeastOne, "8", "proximity: how many preceding tokens are averaged",
                       FIELD(train.window)));
   r.push_back(float_range_key("train.mask_prob", "in (0, 1)", [](double v) { return v > 0 && v < 1; }, "0.15",
-                              "mlm: share of each example's content rows chosen for the loss (80 % replaced by the "
-                              "mask token, 10 % by a random token, 10 % kept)",
+                              "mlm: share of each example's content rows chosen for the loss (what becomes of them: "
+                              "train.mask_replace, train.mask_random)",
                               FIELD(train.mask_prob)));
+  r.push_back(float_range_key("train.mask_replace", "in [0, 1]", [](double v) { return v >= 0 && v <= 1; }, "0.8",
+                              "mlm: share of the chosen rows replaced by the mask token",
+                              FIELD(train.mask_replace)));
+  r.push_back(float_range_key("train.mask_random", "in [0, 1]", [](double v) { return v >= 0 && v <= 1; }, "0.1",
+                              "mlm: share of the chosen rows replaced by a random ordinary token (the rest, "
+                              "1 - mask_replace - mask_random, are left as they are); the two add up to at most 1",
+                              FIELD(train.mask_random)));
   r.push_back(int_key("train.mask_id", {-1, ">= -1", kIntMax}, "-1",
                       "mlm: the mask token's id; -1: the plugin's ([MASK] of a WordPiece vocabulary, ESM's <mask>)",
                       FIELD(train.mask_id)));
@@ -1798,6 +1805,14 @@ void resolve_mlm(WalkContext& c) {
     c.error(c.where("train.objective"), "train.objective",
             std::string("mlm masks token ids, but model.stem.kind is ") + stem_kind_name(m.stem.kind),
             "use stem.kind: tokens with a plugin that gives ids (text, protein)");
+  if (t.mask_replace + t.mask_random > 1 + 1e-12) {
+    const std::string key = c.exp->locations.count("train.mask_random") ? "train.mask_random" : "train.mask_replace";
+    c.error(c.where(key), key,
+            "train.mask_replace (" + format_double(t.mask_replace) + ") and train.mask_random (" +
+                format_double(t.mask_random) +
+                ") add up to more than 1: they are shares of the same chosen rows",
+            "lower one of them; the rows that neither replaces are kept as they are");
+  }
   if (t.mask_id >= 0 && m.stem.vocab_size > 0 && t.mask_id >= m.stem.vocab_size)
     c.error(c.where("train.mask_id"), "train.mask_id",
             "the mask token's id " + str(t.mask_id) + " is outside model.stem.vocab_size " + str(m.stem.vocab_size),

@@ -56,10 +56,10 @@ void mask_sequence(const MaskSpec& spec, uint64_t key, const int32_t* ids, const
     targets[t] = ids[t];
     const double v = unit(draw(key, t, 1));
     MaskChoice what = MaskChoice::kept;
-    if (v < kMaskShare) {
+    if (v < spec.replace) {
       out_ids[t] = spec.mask_id;
       what = MaskChoice::masked;
-    } else if (v < kMaskShare + kRandomShare) {
+    } else if (v < spec.replace + spec.random) {
       out_ids[t] = spec.random_ids[draw(key, t, 2) % spec.random_ids.size()];
       what = MaskChoice::random;
     }

@@ -227,6 +227,8 @@ Result<MaskSpec> mask_spec(const Experiment& exp, const Source& src, const Encod
   const TrainConfig& tc = exp.train;
   MaskSpec spec;
   spec.prob = tc.mask_prob;
+  spec.replace = tc.mask_replace;
+  spec.random = tc.mask_random;
   if (!train.ids)
     return Status::Invalid(Diagnostic{exp.where("train.objective"), "train.objective",
                                       "mlm masks token ids, but the " + src.plugin->name() + " plugin gives feature rows",
