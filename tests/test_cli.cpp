@@ -928,4 +928,11 @@ TEST(Cli, GradItemTakesTheDatasetsItemWithItsMasks) {
   const Ran both = run_cli("grad configs/train/protein_mlm.yaml --item 1 --ids 4,5,6 --out " + out);
   EXPECT_EQ(both.code, 2);
   EXPECT_TRUE(has(both.err, "give it without --ids, --rows and --label")) << both.err;
+  // A masked LM's loss needs an item's masks: --ids (next-token targets until 2026-12-03) is refused.
+  const Ran ids = run_cli("grad configs/train/protein_mlm.yaml --ids 4,5,6 --out " + out);
+  EXPECT_EQ(ids.code, 2);
+  EXPECT_TRUE(has(ids.err, "configs/train/protein_mlm.yaml: train.objective is mlm, whose targets are an item's "
+                           "masks: give --item N"))
+      << ids.err;
+  EXPECT_FALSE(std::filesystem::exists(out + "/grad.safetensors"));
 }

@@ -39,6 +39,14 @@ int run_grad(const GradArgs& a) {
                          "--rows and --label\n");
     return kExitBadInput;
   }
+  if (a.item < 0 && exp->train.objective == Objective::mlm) {
+    // Next-token targets would be the wrong loss for a masked LM, and its masks draw random
+    // tokens from the training set: only a dataset item has both.
+    std::fprintf(stderr, "tessera grad: %s: train.objective is mlm, whose targets are an item's masks: give --item N "
+                         "(the N-th item of the dataset, masked as training masks it), not --ids or --rows\n",
+                 a.file.c_str());
+    return kExitBadInput;
+  }
   std::optional<ExperimentItem> from_data;
   if (a.item >= 0) {
     Result<ExperimentItem> it = experiment_item(*exp, a.item);
