@@ -331,9 +331,9 @@ Status check_elementwise_training(const char* op, std::initializer_list<NamedTen
 }
 
 namespace {
-// The compute dtype of a training linear, and w's dtype under it: with bf16 compute the other
-// tensors are f32 (checked with them) and w is f32 or bf16 (a step's rounded copy).
-// x and w are then checked here, f32 or bf16 (x: a layer's rounded copy, ops::to_bf16).
+// The compute dtype of a training linear, and x's and w's dtypes under it: with bf16 compute x and
+// w are each f32 or bf16 (w a step's rounded copy, x a layer's: ops::to_bf16), and the other
+// tensors f32 (checked with them).
 Status check_linear_compute(const char* op, const Tensor& x, const Tensor& w, DType compute) {
   if (compute == DType::f32) return Status::Ok();
   if (compute != DType::bf16)
