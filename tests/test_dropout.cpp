@@ -28,6 +28,7 @@
 
 using namespace tessera;
 using testing_util::max_abs;
+using testing_util::same_bits;
 using testing_util::ThreadCount;
 using testing_util::max_abs_diff;
 using testing_util::random_uniform;
@@ -38,12 +39,6 @@ namespace {
 double rel_err(const Tensor& a, const Tensor& b) {
   const double e = max_abs_diff(a, b), s = max_abs(b);
   return e == 0.0 ? 0.0 : e / s;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }
 
 // How many of n elements a mask drops.

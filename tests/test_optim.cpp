@@ -140,10 +140,7 @@ int64_t max_ulps(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
-}
+using testing_util::same_bits;  // and the overloads below for whole parameter sets
 
 bool same_bits(const Parameters& a, const Parameters& b) {
   if (a.size() != b.size()) return false;

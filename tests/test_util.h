@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -117,6 +118,13 @@ inline double max_abs(const Tensor& a) {
     m = std::max(m, std::fabs(x));
   }
   return m;
+}
+
+// The same shape, dtype and bytes (in row-major order, whatever the strides).
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }
 
 // Restores the op thread count when a test changes it.
