@@ -73,6 +73,7 @@ int run_train_bench(const TrainBenchArgs& a) {
   // evaluation; no evaluation before, no test set, no early stop.
   const int warmup = std::max(a.warmup, 1);
   tc.max_steps = warmup + a.reps + 1;
+  tc.max_minutes = 0;
   tc.epochs = 1;
   tc.eval_every = tc.max_steps;
   tc.patience = 0;

@@ -277,10 +277,19 @@ enum class TrainMetric : int { auto_detect = 0, loss = 1, accuracy = 2 };
 // of the training stream, or the proximity model (the mean of the last `window` embeddings).
 enum class Baseline : int { none = 0, unigram = 1, bigram = 2, proximity = 3 };
 
+// train.max_minutes: the fewest warmup steps a budget needs (the steps it times to settle its
+// step count have learning rates that do not depend on it), unless the schedule is constant.
+inline constexpr int64_t kBudgetProbeMin = 5;
+
 struct TrainConfig {
   Objective objective = Objective::auto_detect;  // resolved: classify for a classifier head, lm for an LM head
   int64_t epochs = 1;
   int64_t max_steps = 0;   // optimizer steps; 0: epochs decide
+  // A wall-clock budget for the whole command, in minutes (0: none). The first steps are timed
+  // (inside the warmup, where the learning rate does not depend on the step count) and so is one
+  // evaluation; then the step count is settled to fit, at most the one max_steps or epochs give,
+  // and recorded in the checkpoints, so that --resume finishes the same schedule.
+  double max_minutes = 0;
   int64_t batch_size = 32; // examples per optimizer step (split into `accumulate` micro-batches)
   int64_t accumulate = 1;
   int64_t seq_len = 0;     // lm: rows per training window; resolved: min(positions.max_len, 128)

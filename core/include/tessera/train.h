@@ -142,6 +142,7 @@ struct TrainSummary {
   int64_t best_step = 0;
   EvalResult test;             // on train.test_data with the best weights (counted 0: none)
   bool stopped_early = false;
+  double budget_minutes = 0;   // train.max_minutes, when it settled the step count (0: it did not)
   double seconds = 0;
   std::vector<std::string> classes;  // classify: the class names in index order
 };

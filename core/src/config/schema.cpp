@@ -1263,6 +1263,11 @@ void append_train_keys(std::vector<KeyRule>& r) {
   r.push_back(int_key("train.epochs", kAtLeastOne, "1", "passes over the training data", FIELD(train.epochs)));
   r.push_back(int_key("train.max_steps", kNonNegative, "0", "optimizer steps in all; 0: epochs decide",
                       FIELD(train.max_steps)));
+  r.push_back(float_range_key("train.max_minutes", ">= 0", [](double v) { return v >= 0 && v <= 1e6; }, "0",
+                              "wall-clock budget of the whole command in minutes: the first steps and one evaluation "
+                              "are timed, then the step count is settled to fit (at most max_steps or epochs) and "
+                              "kept by --resume; 0: none",
+                              FIELD(train.max_minutes)));
   r.push_back(int_key("train.batch_size", kAtLeastOne, "32", "examples per optimizer step", FIELD(train.batch_size)));
   r.push_back(int_key("train.accumulate", kAtLeastOne, "1",
                       "micro-batches per step (gradient accumulation): batch_size must divide by it",
@@ -1858,6 +1863,13 @@ void resolve(WalkContext& c) {
   if (!c.is_given("train.seq_len")) t.seq_len = std::min<int64_t>(c.exp->model.positions.max_len, 128);
   if (t.metric == TrainMetric::auto_detect && t.objective != Objective::auto_detect)
     t.metric = t.objective == Objective::classify ? TrainMetric::accuracy : TrainMetric::loss;
+  // The steps timed to settle a budget's step count must have learning rates that do not depend
+  // on it: warmup steps (and the first after them), or any step of a constant schedule.
+  if (t.max_minutes > 0 && t.schedule != ScheduleKind::constant && t.warmup_steps < kBudgetProbeMin)
+    c.error(c.where("train.max_minutes"), "train.max_minutes",
+            "a budget times the first steps to settle how many fit, but with warmup_steps " + str(t.warmup_steps) +
+                " their learning rates would depend on that count",
+            "set train.warmup_steps to at least " + str(kBudgetProbeMin) + ", or train.schedule: constant");
   if (t.batch_size % t.accumulate != 0)
     c.error(c.where("train.accumulate"), "train.accumulate",
             "batch_size " + str(t.batch_size) + " does not divide into " + str(t.accumulate) + " micro-batches",

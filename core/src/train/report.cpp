@@ -265,6 +265,11 @@ Status write_report(const std::string& dir, const std::string& experiment_file, 
     std::snprintf(b, sizeof b, "%.*f", d, v);
     return std::string(b);
   };
+  auto shortest = [](double v) {  // 19.5 -> "19.5"
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
   auto figures = [&](const EvalResult& e) {
     std::string t = "loss " + fixed(e.loss, 4);
     const bool masked = e.accuracy >= 0 && e.bits_per_token >= 0;  // a masked LM: accuracy at the masked rows
@@ -277,6 +282,7 @@ Status write_report(const std::string& dir, const std::string& experiment_file, 
   r << "- experiment: `" << experiment_file << "`\n";
   r << "- model: " << model_line << ", " << parameters << " parameters\n";
   r << "- " << s.steps << " steps" << (s.steps_resumed ? " (" + std::to_string(s.steps_resumed) + " before a resume)" : "")
+    << (s.budget_minutes > 0 ? " (what a budget of " + shortest(s.budget_minutes) + " minutes held, train.max_minutes)" : "")
     << ", " << s.examples << " training examples per epoch, " << fixed(s.seconds, 1) << " s"
     << (s.stopped_early ? "; stopped early (train.patience)" : "") << "\n";
   r << "- best validation (step " << s.best_step << "): " << figures(s.best) << "\n";
