@@ -4,9 +4,11 @@ shapes and arithmetic as the Tessera configs named below, the same batch, AdamW 
 1.0, on the same number of threads; f32, or bf16 autocast (`--bf16`: PyTorch's CPU mixed
 precision, bf16 matmuls with f32 master weights, as `train.precision: bf16`).
 
-    vit   configs/train/fashion_mnist_vit.yaml: 28x28 grey images as 49 patches of 4x4 and a CLS
-          row, d_model 128, 4 pre-LN blocks of 4 heads, FFN 256 with exact GELU, final norm, mean
-          pool, 10 classes, cross-entropy with label smoothing 0.1, batch 128 (real images: --images)
+    vit   configs/train/fashion_mnist_vit.yaml as it was before 2026-12-05 (bench_train_side_by_side.sh
+          sets Tessera's side to this shape; the recipe now has 7x7 patches and d_ff 512): 28x28
+          grey images as 49 patches of 4x4 and a CLS row, d_model 128, 4 pre-LN blocks of 4 heads,
+          FFN 256 with exact GELU, final norm, mean pool, 10 classes, cross-entropy with label
+          smoothing 0.1, batch 128 (real images: --images)
     gpt   configs/train/kjv_char_gpt.yaml: byte-level decoder, pre-LN, tanh GELU, learned
           positions, tied LM head over 259 ids (sizes: --d-model, --layers, --heads, --d-ff, --seq)
     bert  configs/bench/bert_base_train.yaml: BERT-base's body (12 post-LN layers of 768, 12 heads,

@@ -1,4 +1,5 @@
-"""PyTorch training the Fashion-MNIST ViT of configs/train/fashion_mnist_vit.yaml with the same
+"""PyTorch training the Fashion-MNIST ViT of configs/train/fashion_mnist_vit.yaml as it was before
+2026-12-05 (4x4 patches, d_ff 256; the recipe now has 7x7 patches and d_ff 512) with the same
 hyperparameters, to hold `tessera train`'s learning curve against it (docs/TRAINING.md): the same
 model (bench_train_torch.ViT: 49 patches of 4x4 and a CLS row, d_model 128, 4 pre-LN blocks of 4
 heads, FFN 256 with exact GELU, final norm, mean pool), Glorot-normal weights, AdamW (lr 2e-3,
