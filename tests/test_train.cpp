@@ -692,9 +692,10 @@ std::string final_state(const std::string& run, int64_t step) {
          tensor_data(run + "/best.safetensors");
 }
 
-constexpr const char* kBudgetTrain =
-    "max_steps: 1000000, batch_size: 8, seq_len: 32, lr: 0.01, warmup_steps: 10, eval_every: 12, log_every: 1, "
-    "max_minutes: 0.04";
+// The budget runs below, and their twins: the same run given the settled count as max_steps.
+const std::string kBudgetRun = "batch_size: 8, seq_len: 32, lr: 0.01, warmup_steps: 10, eval_every: 12, log_every: 1";
+const std::string kBudgetTrain = "max_steps: 1000000, max_minutes: 0.04, " + kBudgetRun;
+std::string fixed_twin(int64_t n) { return "max_steps: " + std::to_string(n) + ", " + kBudgetRun; }
 
 }  // namespace
 
@@ -728,10 +729,7 @@ TEST(TrainBudget, SettlesAStepCountAndEqualsTheRunGivenThatCount) {
   EXPECT_GT(static_cast<double>(n - 11 + 2) * step_s + static_cast<double>(n / 12 + 2) * eval_s, 0.5 * 0.04 * 60)
       << n << " steps: less than half the budget used";
 
-  const Experiment fixed = load(lm_yaml(data, "max_steps: " + std::to_string(n) +
-                                                  ", batch_size: 8, seq_len: 32, lr: 0.01, warmup_steps: 10, "
-                                                  "eval_every: 12, log_every: 1"),
-                                d);
+  const Experiment fixed = load(lm_yaml(data, fixed_twin(n)), d);
   const TrainSummary f = train_ok(fixed, options(d + "/fixed"));
   EXPECT_EQ(f.steps, n);
   EXPECT_FALSE(budget_line(d + "/fixed").is_object());
@@ -774,23 +772,25 @@ TEST(TrainBudget, AKilledRunResumesToItsSettledCount) {
   EXPECT_EQ(budget_lines, 1);  // settled once
 
   fs::remove_all(d + "/fixed");
-  const Experiment fixed = load(lm_yaml(data, "max_steps: " + std::to_string(n) +
-                                                  ", batch_size: 8, seq_len: 32, lr: 0.01, warmup_steps: 10, "
-                                                  "eval_every: 12, log_every: 1"),
-                                d);
+  const Experiment fixed = load(lm_yaml(data, fixed_twin(n)), d);
   train_ok(fixed, options(d + "/fixed"));
   EXPECT_TRUE(final_state(run, n) == final_state(d + "/fixed", n)) << "the weights differ";
 }
 
-// max_steps still caps a budget that would allow more; the test set is scored as before.
+// max_steps still caps a budget that would allow more; the test set, encoded before training under
+// a budget, is scored at the end as without one.
 TEST(TrainBudget, MaxStepsStillCapsIt) {
   const std::string d = temp_dir("budget_cap");
   const std::string data = classify_file(d, 10);
-  const Experiment e = load(classify_yaml(data, "max_steps: 30, batch_size: 8, lr: 0.01, warmup_steps: 5, "
-                                                "eval_every: 10, validation: 0.2, max_minutes: 10"),
-                            d);
+  const std::string train = "max_steps: 30, batch_size: 8, lr: 0.01, warmup_steps: 5, eval_every: 10, "
+                            "validation: 0.2, test_data: " + data;
+  const Experiment e = load(classify_yaml(data, train + ", max_minutes: 10"), d);
   const TrainSummary s = train_ok(e, options(d + "/run"));
   EXPECT_EQ(s.steps, 30);
+  EXPECT_EQ(s.test.counted, 30);
+  const TrainSummary plain = train_ok(load(classify_yaml(data, train), d), options(d + "/plain"));
+  EXPECT_EQ(s.test.loss, plain.test.loss);
+  EXPECT_EQ(s.test.accuracy, plain.test.accuracy);
   const json b = budget_line(d + "/run");
   ASSERT_TRUE(b.is_object());
   EXPECT_EQ(b["step"].get<int64_t>(), 6);
