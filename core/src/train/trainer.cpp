@@ -1105,8 +1105,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       }
       // Evaluations come every eval_every steps (or epoch) and once at the end. 10 % is kept for
       // the machine's speed drifting from what the timed steps showed (the Fashion-MNIST recipe's
-      // step, timed at 35 ms, ran at 34 to 42 ms over 20 minutes of an idle machine: 38.6 ms on
-      // average) and for checkpoints, plots and the report.
+      // step, timed at 35 ms, ran at 34 to 42 ms over 20 minutes of an idle machine: 38.3 ms on
+      // average, evaluations included) and for checkpoints, plots and the report.
       const int64_t every = tc.eval_every > 0 ? tc.eval_every : steps_per_epoch;
       const double left = 0.90 * tc.max_minutes * 60.0 - seconds_since(t0) - eval_s - test_s;
       const double fit = std::floor(std::max(0.0, left) / (step_s + eval_s / static_cast<double>(every)));
