@@ -252,6 +252,12 @@ Status write_plots(const std::string& dir, const std::vector<std::string>& class
   return Status::Ok();
 }
 
+std::string shortest(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 Status write_report(const std::string& dir, const std::string& experiment_file, const std::string& model_line,
                     const TrainSummary& s, int64_t parameters) {
   std::ostringstream r;
@@ -263,11 +269,6 @@ Status write_report(const std::string& dir, const std::string& experiment_file, 
   auto fixed = [](double v, int d) {
     char b[32];
     std::snprintf(b, sizeof b, "%.*f", d, v);
-    return std::string(b);
-  };
-  auto shortest = [](double v) {  // 19.5 -> "19.5"
-    char b[32];
-    std::snprintf(b, sizeof b, "%g", v);
     return std::string(b);
   };
   auto figures = [&](const EvalResult& e) {

@@ -16,6 +16,9 @@ namespace tessera::report {
 Status write_plots(const std::string& dir, const std::vector<std::string>& classes,
                    const std::vector<std::vector<int64_t>>& confusion);
 
+// A number as printf's %g writes it: 19.5 -> "19.5", 0.04 -> "0.04" (minutes, shares).
+std::string shortest(double v);
+
 // DIR/report.md: what was trained on what, the best evaluation, the test result with its per-class
 // table, and the plots.
 Status write_report(const std::string& dir, const std::string& experiment_file, const std::string& model_line,

@@ -561,13 +561,6 @@ std::string fmt_share(double share) {
   return buf;
 }
 
-// 19.5 -> "19.5"
-std::string fmt_minutes(double minutes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", minutes);
-  return buf;
-}
-
 // The parameters train.freeze leaves to train: handles on the same storage, in parameter order.
 Parameters trained_part(const TrainConfig& t, const Parameters& all) {
   std::vector<Parameters::Entry> kept;
@@ -1116,7 +1109,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       sum.budget_minutes = tc.max_minutes;
       log({{"step", step}, {"event", "budget"}, {"minutes", tc.max_minutes}, {"steps", total},
            {"step_seconds", step_s}, {"eval_seconds", eval_s}, {"test_seconds", test_s}});
-      progress.line("train: " + std::to_string(total) + " steps fit train.max_minutes " + fmt_minutes(tc.max_minutes) +
+      progress.line("train: " + std::to_string(total) + " steps fit train.max_minutes " + report::shortest(tc.max_minutes) +
                     " (" + std::to_string(static_cast<int64_t>(std::llround(step_s * 1000))) + " ms a step, an evaluation " +
                     std::to_string(static_cast<int64_t>(std::llround(eval_s * 1000))) + " ms)" +
                     (total < budgeted ? "; max_steps or epochs stop it first" : ""));
