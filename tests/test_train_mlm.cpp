@@ -211,8 +211,12 @@ TEST(MlmMasking, TheSplitOfTheChosenRowsIsTheConfiguredOne) {
         masked += choices[t] == MaskChoice::masked;
         random += choices[t] == MaskChoice::random;
         kept += choices[t] == MaskChoice::kept;
-        if (choices[t] == MaskChoice::masked) ASSERT_EQ(out[t], spec.mask_id);
-        if (choices[t] == MaskChoice::kept) ASSERT_EQ(out[t], s.ids[t]);
+        if (choices[t] == MaskChoice::masked) {
+          ASSERT_EQ(out[t], spec.mask_id);
+        }
+        if (choices[t] == MaskChoice::kept) {
+          ASSERT_EQ(out[t], s.ids[t]);
+        }
       }
     }
     const std::string at = "replace " + std::to_string(sp.replace) + ", random " + std::to_string(sp.random);
@@ -220,9 +224,15 @@ TEST(MlmMasking, TheSplitOfTheChosenRowsIsTheConfiguredOne) {
       first_targets = all_targets;
     else
       EXPECT_EQ(all_targets, first_targets) << at << ": the split changed which rows are chosen";
-    if (sp.replace == 1) EXPECT_EQ(masked, chosen) << at;
-    if (sp.random == 1) EXPECT_EQ(random, chosen) << at;
-    if (sp.replace == 0 && sp.random == 0) EXPECT_EQ(kept, chosen) << at;
+    if (sp.replace == 1) {
+      EXPECT_EQ(masked, chosen) << at;
+    }
+    if (sp.random == 1) {
+      EXPECT_EQ(random, chosen) << at;
+    }
+    if (sp.replace == 0 && sp.random == 0) {
+      EXPECT_EQ(kept, chosen) << at;
+    }
     expect_binomial(masked, chosen, sp.replace, at + ": masked");
     expect_binomial(random, chosen, sp.random, at + ": random");
     expect_binomial(kept, chosen, 1 - sp.replace - sp.random, at + ": kept");
