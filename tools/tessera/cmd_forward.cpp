@@ -20,17 +20,40 @@ struct ForwardArgs {
   int digits = 4;
 };
 
+// Feature rows must be finite: a NaN or inf in an input row reaches every output that attends to it.
+// Plugins' rows are checked at the plugin boundary; these come from a .npy file or the YAML.
+bool rows_finite(const Batch& batch, const std::string& source) {
+  if (!batch.rows.defined()) return true;
+  const NonFiniteScan s = find_nonfinite(batch.rows);
+  if (!s.found()) return true;
+  const int64_t T = batch.rows.dim(1), F = batch.rows.dim(2);
+  const int64_t b = s.index / (T * F), t = s.index / F % T, f = s.index % F;
+  const std::string item = batch.rows.dim(0) > 1 ? "item " + std::to_string(b) + ", " : "";
+  std::fprintf(stderr,
+               "tessera forward: %s: %s at %srow %lld, column %lld (%lld non-finite value(s) in all); feature rows "
+               "must be finite numbers: fix or drop that row\n",
+               source.c_str(), nonfinite_name(s.value).c_str(), item.c_str(), static_cast<long long>(t),
+               static_cast<long long>(f), static_cast<long long>(s.count));
+  return false;
+}
+
 int run_forward(const ForwardArgs& a) {
   std::optional<Loaded> L = load_and_build(a.file, a.overrides);
   if (!L) return kExitBadInput;
   std::optional<Batch> batch = input_batch(L->exp, a.ids, a.rows);
   if (!batch) return kExitBadInput;
+  if (!rows_finite(*batch, a.rows.empty() ? L->exp.file + ": input.rows" : "--rows " + a.rows)) return kExitBadInput;
   ForwardOptions opt;
   opt.reference = a.reference || L->exp.runtime.reference;
   opt.capture.insert(a.dump.begin(), a.dump.end());
+  opt.find_nonfinite = true;  // never write NaN or inf outputs as if they were results
   Outputs out;
   if (Status st = L->model.forward(*batch, opt, &out); !st.ok()) {
     std::fprintf(stderr, "tessera forward: %s\n", st.message().c_str());
+    return kExitFailure;
+  }
+  if (Status st = nonfinite_status(out.nonfinite, "item"); !st.ok()) {
+    std::fprintf(stderr, "tessera forward: %s (nothing written)\n", st.message().c_str());
     return kExitFailure;
   }
   for (const auto& name : a.dump)

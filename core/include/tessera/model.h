@@ -91,6 +91,20 @@ struct Batch {
 
 class KVCache;  // tessera/generate.h
 
+// Where a batch row's values first stopped being finite in a forward pass (ForwardOptions::
+// find_nonfinite): the stable name of the first intermediate, in the order the pass makes them,
+// that holds a NaN or an infinity in that batch row ("stem.out", "blocks.1.attn.q", "blocks.1.ln2",
+// "blocks.1.ffn.hidden", "final_norm.out", "head.logits", ...; the names --dump takes), the index of
+// the first such value within the row's part of it, and the value.
+struct NonFinite {
+  std::string layer;  // empty: every value of this batch row was finite
+  std::string index;  // "[2, 5]": (T, C) position within the batch row (per intermediate's shape)
+  double value = 0;   // NaN, +inf or -inf
+  bool found() const { return !layer.empty(); }
+  // "NaN first appears in blocks.1.ln2 (block 1's second layer norm) at [2, 5]"
+  std::string describe() const;
+};
+
 struct ForwardOptions {
   bool reference = false;          // plain loops instead of oneDNN
   std::set<std::string> capture;   // intermediate names to keep; "*" keeps all
@@ -107,6 +121,11 @@ struct ForwardOptions {
   // lm head: logits (B, V) of each item's last valid row only, not (B, T', V): what generation
   // needs, at 1/T' of the head's cost.
   bool last_logits = false;
+  // Watch every intermediate for NaN and infinities and fill Outputs::nonfinite: one more read of
+  // each intermediate, only the batch rows that have any looked at closely. The rows of a batch row
+  // include its padding; packed sequences share their row's verdict (a NaN in one sequence's values
+  // reaches the others through attention's zero weights: 0 · NaN = NaN).
+  bool find_nonfinite = false;
 };
 
 struct Outputs {
@@ -116,7 +135,12 @@ struct Outputs {
   Tensor probs;   // softmax of the logits: (B, n_classes), or (B, V) for the next token
                   // after each item's last valid row (lm)
   std::map<std::string, Tensor> captured;  // requested intermediates, by name
+  // With ForwardOptions::find_nonfinite: one entry per batch row, where its values first stopped
+  // being finite (NonFinite::found() false: they never did). Empty otherwise.
+  std::vector<NonFinite> nonfinite;
 };
+
+
 
 // What one forward pass costs, for `tessera check` and `tessera bench`.
 struct Plan {
@@ -189,5 +213,14 @@ class Model {
   std::shared_ptr<const Parameters> params_;
   std::shared_ptr<const Layers> layers_;
 };
+
+// Runs `batch` again with find_nonfinite and returns, for each batch row, the first layer that made
+// a NaN or infinity (for a caller that found non-finite outputs after the fact). Not for KV cache
+// steps (they cannot be repeated): set find_nonfinite on the step itself.
+Result<std::vector<NonFinite>> first_nonfinite_layers(const Model& model, const Batch& batch,
+                                                     const ForwardOptions& options);
+// Ok when no entry was found; otherwise an out_of_range status naming, for each `what` ("batch
+// row", "item") index with non-finite values, the first layer that made them, and what to do.
+Status nonfinite_status(const std::vector<NonFinite>& found, const std::string& what = "batch row");
 
 }  // namespace tessera

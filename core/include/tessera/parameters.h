@@ -27,6 +27,23 @@ namespace tessera {
 
 struct ModelConfig;
 
+// The first non-finite value (NaN, +inf, -inf) of a float tensor (f32, bf16, f16, f64), in
+// row-major order: its flat index (-1 when every value is finite), the value, and how many
+// non-finite values there are in all. Integer tensors have none. Reads the bits (an all-ones
+// exponent), in one vectorised pass over contiguous data; the second, counting pass runs only when
+// something was found.
+struct NonFiniteScan {
+  int64_t index = -1;
+  double value = 0;
+  int64_t count = 0;
+  bool found() const { return index >= 0; }
+};
+NonFiniteScan find_nonfinite(const Tensor& t);
+// "[1, 2]": the multi-index of row-major flat index `flat` in `shape`.
+std::string index_str(const Shape& shape, int64_t flat);
+// "NaN", "inf", "-inf".
+std::string nonfinite_name(double v);
+
 class Parameters {
  public:
   using Entry = std::pair<std::string, Tensor>;
@@ -42,6 +59,11 @@ class Parameters {
   // Checks that these are exactly the tensors cfg asks for (names, shapes, float dtypes); every
   // problem in one status.
   Status check(const ModelConfig& cfg) const;
+  // Every tensor holds only finite values; otherwise one status naming each tensor with a NaN or
+  // an infinity (its first one: flat index, multi-index, value; and how many), `origin` (the file
+  // they came from) in the message. Model::build(cfg) applies it to every supplied tensor; callers
+  // that load parameters themselves (a checkpoint, `--weights`) call it.
+  Status check_finite(const std::string& origin) const;
 
   size_t size() const { return entries_.size(); }
   const Entry& operator[](size_t i) const { return entries_[i]; }

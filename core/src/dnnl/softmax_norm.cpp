@@ -2,10 +2,14 @@
 // last axis, as oneDNN primitives on (R, C) rows.
 // Each adds what oneDNN lacks: a softmax row with no value above -inf (fully masked) comes out
 // as zeros, where oneDNN would give -inf - -inf = NaN; a constant layer_norm row comes out as
-// exactly beta. Not here: masking itself (attention's job).
+// exactly beta; a row too large for f32 statistics (|x| ~ 1e19) is normalised in double, as the
+// reference does. Not here: masking itself (attention's job).
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "dnnl/onednn.h"
 #include "ops_common.h"
@@ -121,14 +125,21 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
     // 1/sqrt(eps) magnifies (eps = 1e-12 in BERT); so they are found first (before an in-place
     // call overwrites x; a row usually differs at its second entry) and set to beta after. In
     // training their statistics are set too, exactly: mean = the value (kept here), var = 0.
+    //
+    // Large rows: oneDNN sums (x - mean)² in f32, which overflows once C·(2·max|x|)² passes
+    // FLT_MAX (|x| ~ 1e19 at C = 3, ~1e17 at C = 4096); the variance becomes inf and the row
+    // comes out as beta, finite and wrong. Such rows (rare: only hostile or overflowing inputs) are
+    // normalised again in double afterwards, as the reference loop does; they are copied first.
     const int64_t R = dims[0];
     const float* in = rows.in.data<float>();
     const size_t flag_bytes = static_cast<size_t>((R + 63) / 64 * 64);
     auto* constant = static_cast<unsigned char*>(onednn::scratch(
-        onednn::Slot::aux, flag_bytes + (train ? static_cast<size_t>(R) * sizeof(float) : 0)));
-    float* value = reinterpret_cast<float*>(constant + flag_bytes);
-    int any_constant = 0;
-#pragma omp parallel for schedule(static) reduction(| : any_constant) if (R * C >= (1 << 16))
+        onednn::Slot::aux, 2 * flag_bytes + (train ? static_cast<size_t>(R) * sizeof(float) : 0)));
+    unsigned char* large = constant + flag_bytes;
+    float* value = reinterpret_cast<float*>(constant + 2 * flag_bytes);
+    const float limit = static_cast<float>(std::sqrt(std::numeric_limits<float>::max() / (8.0 * static_cast<double>(C))));
+    int any_constant = 0, any_large = 0;
+#pragma omp parallel for schedule(static) reduction(| : any_constant, any_large) if (R * C >= (1 << 16))
     for (int64_t r = 0; r < R; ++r) {
       const float* row = in + r * C;
       int64_t c = 1;
@@ -136,7 +147,16 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
       constant[r] = c == C && std::isfinite(row[0]);
       if (train) value[r] = row[0];
       any_constant |= constant[r];
+      float top = 0.f;  // max |x|; NaN compares false and leaves it (such rows stay NaN anyway)
+#pragma omp simd reduction(max : top)
+      for (int64_t k = 0; k < C; ++k) top = std::max(top, std::fabs(row[k]));
+      large[r] = !constant[r] && top > limit;
+      any_large |= large[r];
     }
+    std::vector<std::pair<int64_t, std::vector<float>>> large_rows;  // (row, its input values)
+    if (any_large)
+      for (int64_t r = 0; r < R; ++r)
+        if (large[r]) large_rows.emplace_back(r, std::vector<float>(in + r * C, in + (r + 1) * C));
 
     const dnnl::prop_kind prop =
         train ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
@@ -173,10 +193,28 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
       for (int64_t r = 0; r < R; ++r)
         if (constant[r]) std::memcpy(out + r * C, shift, static_cast<size_t>(C) * sizeof(float));
     }
+    for (const auto& [r, row] : large_rows) {
+      // The reference loop's arithmetic (ref::layer_norm): double statistics, biased variance.
+      double m = 0.0, var = 0.0;
+      for (float v : row) m += v;
+      m /= static_cast<double>(C);
+      for (float v : row) var += (v - m) * (v - m);
+      var /= static_cast<double>(C);
+      const double inv = 1.0 / std::sqrt(var + eps);
+      float* out = rows.out.data<float>() + r * C;
+      const float* scale = g.data<float>();
+      const float* shift = b.data<float>();
+      for (int64_t k = 0; k < C; ++k) out[k] = static_cast<float>((row[k] - m) * inv * scale[k] + shift[k]);
+      if (train) {
+        mean->data<float>()[r] = static_cast<float>(m);
+        rstd->data<float>()[r] = static_cast<float>(inv);  // final: the loop below skips large rows
+      }
+    }
     if (train) {
       float* mu = mean->data<float>();
       float* rs = rstd->data<float>();  // the variance, until here
       for (int64_t r = 0; r < R; ++r) {
+        if (large[r]) continue;
         if (constant[r]) {
           mu[r] = value[r];
           rs[r] = 0.f;

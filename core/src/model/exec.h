@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/model.h"
 #include "tessera/ops.h"
 
 namespace tessera::model {
@@ -102,17 +103,32 @@ struct Exec {
   }
 };
 
+// ForwardOptions::find_nonfinite: records, per batch row, the first intermediate that holds a NaN or
+// an infinity. Sees what Capture::put is given, whether or not it is kept.
+class FiniteWatch {
+ public:
+  explicit FiniteWatch(std::vector<NonFinite>* found)
+      : found_(found), pending_(static_cast<int64_t>(found->size())) {}
+  // t: (B, ...) with B the batch rows; other shapes are not per batch row and are skipped.
+  void see(const std::string& name, const Tensor& t);
+
+ private:
+  std::vector<NonFinite>* found_;
+  int64_t pending_;  // batch rows with nothing found yet: none left, nothing more to read
+};
+
 class Capture {
  public:
   // heads: the heads whose attention scores, mask and weights are kept (null or empty: all).
   Capture(const std::set<std::string>& names, std::map<std::string, Tensor>* out,
-          const std::vector<int64_t>* heads = nullptr)
-      : names_(names), out_(out), heads_(heads) {}
+          const std::vector<int64_t>* heads = nullptr, FiniteWatch* watch = nullptr)
+      : names_(names), out_(out), heads_(heads), watch_(watch) {}
   bool wants(const std::string& name) const {
     return out_ && !names_.empty() && (names_.count("*") || names_.count(name));
   }
   // Keeps a copy: the buffer behind `t` is reused by later layers.
   void put(const std::string& name, const Tensor& t) const {
+    if (watch_) watch_->see(name, t);
     if (wants(name)) (*out_)[name] = t.clone();
   }
   const std::vector<int64_t>& heads() const {
@@ -124,6 +140,7 @@ class Capture {
   const std::set<std::string>& names_;
   std::map<std::string, Tensor>* out_;
   const std::vector<int64_t>* heads_;
+  FiniteWatch* watch_;
 };
 
 }  // namespace tessera::model

@@ -338,11 +338,28 @@ Result<std::vector<Generation>> generate(const Model& model, const std::vector<s
   fo.reference = o.reference;
   fo.cache = &cache;
   fo.last_logits = true;
+  // No token is ever drawn from NaN or infinite logits (max_element and the sampler would pick an
+  // arbitrary one): each step watches its layers, and a non-finite value ends generation with the
+  // step, the prompt and the first layer that made it. A repeated step is impossible (the cache
+  // has moved on), so the watch runs on every step; at one row per sequence it costs next to nothing.
+  fo.find_nonfinite = true;
   Outputs out;
   TSR_RETURN_IF_ERROR(model.forward(batch, fo, &out).with_prefix("generate"));
-
   std::vector<int64_t> active(static_cast<size_t>(N));  // batch row r is prompt active[r]
   std::iota(active.begin(), active.end(), int64_t{0});
+  auto finite_step = [&](int64_t step) -> Status {
+    for (size_t r = 0; r < out.nonfinite.size(); ++r)
+      if (out.nonfinite[r].found())
+        return Status::OutOfRange(
+            "generate: prompt " + std::to_string(active[r]) + ", step " + std::to_string(step) + " (" +
+            (step == 0 ? std::string("the prompt itself") : "after " + std::to_string(step) + " new token(s)") +
+            "): the logits are not finite, so no token can be drawn: " + out.nonfinite[r].describe() +
+            "; the weights were finite at load, so a layer overflowed f32: dump it with tessera forward --dump");
+    return Status::Ok();
+  };
+  TSR_RETURN_IF_ERROR(finite_step(0));
+  int64_t step = 0;
+
   const bool want_text = o.decode && (!o.stop_strings.empty() || o.on_token);
   while (true) {
     std::vector<int64_t> keep;
@@ -427,10 +444,11 @@ Result<std::vector<Generation>> generate(const Model& model, const std::vector<s
         cache.reserve(std::min(need, 2 * cache.capacity()));
         break;
       }
-    Batch step;
-    step.ids = Tensor::empty({A, 1}, DType::i32);
-    for (int64_t r = 0; r < A; ++r) step.ids.data<int32_t>()[r] = gens[static_cast<size_t>(active[static_cast<size_t>(r)])].ids.back();
-    TSR_RETURN_IF_ERROR(model.forward(step, fo, &out).with_prefix("generate"));
+    Batch step_batch;
+    step_batch.ids = Tensor::empty({A, 1}, DType::i32);
+    for (int64_t r = 0; r < A; ++r) step_batch.ids.data<int32_t>()[r] = gens[static_cast<size_t>(active[static_cast<size_t>(r)])].ids.back();
+    TSR_RETURN_IF_ERROR(model.forward(step_batch, fo, &out).with_prefix("generate"));
+    TSR_RETURN_IF_ERROR(finite_step(++step));
   }
   return gens;
 }

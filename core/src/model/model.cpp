@@ -231,8 +231,10 @@ Status Model::forward(const Batch& batch, const ForwardOptions& opt, Outputs* ou
   const Layers& L = *layers_;
   TSR_RETURN_IF_ERROR(model::check_batch(c, batch));
   const model::Exec ex{opt.reference};
-  const model::Capture cap(opt.capture, &out->captured, &opt.capture_heads);
   out->captured.clear();
+  out->nonfinite.assign(opt.find_nonfinite ? static_cast<size_t>(batch.batch_size()) : 0, NonFinite{});
+  model::FiniteWatch watch(&out->nonfinite);
+  const model::Capture cap(opt.capture, &out->captured, &opt.capture_heads, opt.find_nonfinite ? &watch : nullptr);
 
   // Rows: with a CLS stem and no roles, one CLS row is prepended to every batch row.
   const int64_t extra = model::prepended_rows(c, batch);

@@ -10,4 +10,5 @@ target_sources(tessera PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/head.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/grad.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/generate.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/generate.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/finite.cpp)

@@ -125,6 +125,7 @@ struct Supplied {
   Location where;
   std::string key;       // "model.weights.inline.<name>" or "model.weights.file"
   bool partial = false;  // assembled from some heads only: init fills the others
+  std::string origin;    // " in <file>", " (<folder's tensor>)" or "" (inline): for messages
 };
 
 // What the inline YAML and the weights file supply, by parameter name.
@@ -152,13 +153,13 @@ Sources gather(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Diag
       diags->add(at, key, "tensor \"" + name + "\"" + where_text + " is " + dtype_name(t.dtype()) +
                               "; parameters must be f32, bf16 or f16");
     } else if (by_name.count(name)) {
-      if (!src.whole.count(name)) src.whole[name] = {t, at, key};  // inline wins over the file
+      if (!src.whole.count(name)) src.whole[name] = {t, at, key, false, where_text};  // inline wins over the file
     } else if (parse_head_name(name, &full, &head) && by_name.count(full)) {
       if (head < 0 || head >= cfg.n_heads)
         diags->add(at, key, "tensor \"" + name + "\"" + where_text + ": head " + std::to_string(head) +
                                 " does not exist (the model has n_heads = " + std::to_string(cfg.n_heads) + ")");
       else if (!src.per_head[full].count(head))
-        src.per_head[full][head] = {t, at, key};
+        src.per_head[full][head] = {t, at, key, false, where_text};
     } else {
       diags->add(at, key, "unexpected tensor \"" + name + "\"" + where_text + ": the model has no parameter of that name",
                  "`tessera check --params` lists the model's parameters");
@@ -225,7 +226,7 @@ Sources gather(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Diag
           .copy_from(it->second.value);
     }
     if (!complete) complete = static_cast<int64_t>(heads.size()) == cfg.n_heads;
-    src.whole[full] = {assembled, first.where, first.key, !complete};
+    src.whole[full] = {assembled, first.where, first.key, !complete, first.origin};
   }
 
   for (const auto& s : specs) {
@@ -254,6 +255,15 @@ Result<std::vector<std::pair<std::string, Tensor>>> resolve_parameters(const Mod
   Sources src = gather(cfg, specs, &diags);
   if (!diags.empty())
     return Status::Invalid(std::to_string(diags.size()) + " problem(s) with the model's weights:\n" + diags.str());
+  // Every supplied value must be finite: a NaN in a weight is otherwise absorbed silently into
+  // every output it touches. One pass at memory speed over what the layers read anyway.
+  for (const auto& [name, sup] : src.whole) {
+    const std::string p = nonfinite_problem(name, sup.origin, sup.value);
+    if (!p.empty()) diags.add(sup.where, sup.key, p);
+  }
+  if (!diags.empty())
+    return Status::Invalid(std::to_string(diags.size()) + " tensor(s) of the model's weights hold NaN or infinite "
+                           "values:\n" + diags.str() + "\n  " + kNonFiniteWeightsHint);
 
   // Seeded init draws every matrix in spec order whenever anything is initialised, so a tensor's
   // initial values never depend on which other tensors were supplied.
