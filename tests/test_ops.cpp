@@ -792,6 +792,42 @@ TEST(LayerNorm, ConstantRowStaysFiniteAndEqualsBeta) {
   EXPECT_TRUE(AllEqual(y1, Tensor::full({5, 1}, 0.25f)));
 }
 
+// Rows of huge values (hostile inputs, ±1e19 into a post-LN model): oneDNN's f32 Σ(x - mean)²
+// overflows to inf and the row came out as beta, finite and wrong. The fast op must match the
+// reference (double statistics), in place too, also among ordinary rows and at a wide C, and so
+// must layer_norm_train's mean and rstd.
+TEST(LayerNorm, HugeRowsMatchTheReference) {
+  std::mt19937 rng(43);
+  for (const int64_t C : {3, 768}) {
+    for (const float scale : {1e19f, 1e30f, 3e37f}) {
+      SCOPED_TRACE("C " + std::to_string(C) + " scale " + std::to_string(scale));
+      const int64_t R = 5;
+      Tensor x = random_tensor({R, C}, rng);
+      for (int64_t r : {1, 3})
+        for (int64_t c = 0; c < C; ++c) x.data<float>()[r * C + c] *= (r == 1 ? scale : -scale);
+      const Tensor g = random_tensor({C}, rng, 0.5f, 1.5f), b = random_tensor({C}, rng);
+      Tensor want = Tensor::empty({R, C});
+      ASSERT_TRUE(ref::layer_norm(x, g, b, 1e-5f, want).ok());
+      Tensor y = Tensor::empty({R, C});
+      ASSERT_TRUE(ops::layer_norm(x, g, b, 1e-5f, y).ok());
+      EXPECT_LT(testing_util::max_rel_error(y, want), 1e-5);
+      for (float v : y.to_vector()) ASSERT_TRUE(std::isfinite(v));
+      Tensor in_place = x.clone();
+      ASSERT_TRUE(ops::layer_norm(in_place, g, b, 1e-5f, in_place).ok());
+      EXPECT_TRUE(AllEqual(in_place, y));
+
+      Tensor ty = Tensor::empty({R, C}), mean = Tensor::empty({R}), rstd = Tensor::empty({R});
+      Tensor wy = Tensor::empty({R, C}), wmean = Tensor::empty({R}), wrstd = Tensor::empty({R});
+      ASSERT_TRUE(ops::layer_norm_train(x, g, b, 1e-5f, ty, mean, rstd).ok());
+      ASSERT_TRUE(ref::layer_norm_train(x, g, b, 1e-5f, wy, wmean, wrstd).ok());
+      EXPECT_LT(testing_util::max_rel_error(ty, wy), 1e-5);
+      EXPECT_LT(testing_util::max_rel_error(mean, wmean), 1e-5);
+      for (int64_t r = 0; r < R; ++r)
+        EXPECT_NEAR(rstd.at({r}) / wrstd.at({r}), 1.0, 1e-5) << "row " << r;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // embedding, add, activation, heads
 
