@@ -256,11 +256,19 @@ Result<std::vector<std::pair<std::string, Tensor>>> resolve_parameters(const Mod
   if (!diags.empty())
     return Status::Invalid(std::to_string(diags.size()) + " problem(s) with the model's weights:\n" + diags.str());
   // Every supplied value must be finite: a NaN in a weight is otherwise absorbed silently into
-  // every output it touches. One pass at memory speed over what the layers read anyway.
-  for (const auto& [name, sup] : src.whole) {
-    const std::string p = nonfinite_problem(name, sup.origin, sup.value);
-    if (!p.empty()) diags.add(sup.where, sup.key, p);
+  // every output it touches. One pass at memory speed over what the layers read anyway; the
+  // tensors are shared out among the threads (each one's scan is serial: most are under 4M values).
+  std::vector<const std::pair<const std::string, Supplied>*> supplied;
+  for (const auto& e : src.whole) supplied.push_back(&e);
+  std::vector<std::string> problems(supplied.size());
+  const auto n_supplied = static_cast<int64_t>(supplied.size());
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t i = 0; i < n_supplied; ++i) {
+    const auto& [name, sup] = *supplied[static_cast<size_t>(i)];
+    problems[static_cast<size_t>(i)] = nonfinite_problem(name, sup.origin, sup.value);
   }
+  for (size_t i = 0; i < supplied.size(); ++i)
+    if (!problems[i].empty()) diags.add(supplied[i]->second.where, supplied[i]->second.key, problems[i]);
   if (!diags.empty())
     return Status::Invalid(std::to_string(diags.size()) + " tensor(s) of the model's weights hold NaN or infinite "
                            "values:\n" + diags.str() + "\n  " + kNonFiniteWeightsHint);
