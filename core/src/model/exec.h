@@ -115,6 +115,8 @@ class FiniteWatch {
  private:
   std::vector<NonFinite>* found_;
   int64_t pending_;  // batch rows with nothing found yet: none left, nothing more to read
+  const void* last_data_ = nullptr;  // the last tensor read, by its first value and size
+  int64_t last_numel_ = 0;
 };
 
 class Capture {

@@ -2,6 +2,7 @@
 // that names the first intermediate where a batch row's values stop being finite. It does not
 // decide what to do about them: the loader refuses, `tessera forward` and generation fail, the
 // batch runner marks the item bad.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,11 +22,26 @@ namespace {
 // and OR: it vectorises on plain SSE2 (no unsigned max before SSE4.1), with no early exit and no
 // float compares that NaN would upset, so the common case — all finite — runs at memory speed.
 template <class U>
+U or_of_carries(const U* p, int64_t n, U abs_mask, U carry) {
+  U acc = 0;
+#pragma omp simd reduction(| : acc)
+  for (int64_t i = 0; i < n; ++i) acc |= static_cast<U>((p[i] & abs_mask) + carry);
+  return acc;
+}
+
+template <class U>
 bool any_nonfinite(const U* p, int64_t n, U inf_bits, U sign_mask) {
   const U abs_mask = static_cast<U>(~sign_mask), carry = static_cast<U>(sign_mask - inf_bits);
   U acc = 0;
-#pragma omp parallel for simd reduction(| : acc) schedule(static) if (n >= (int64_t{1} << 22))
-  for (int64_t i = 0; i < n; ++i) acc |= static_cast<U>((p[i] & abs_mask) + carry);
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  if (n <= 4 * kChunk) {
+    acc = or_of_carries(p, n, abs_mask, carry);
+  } else {  // big tensors: chunks shared among the threads
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for reduction(| : acc) schedule(static)
+    for (int64_t c = 0; c < chunks; ++c)
+      acc |= or_of_carries(p + c * kChunk, std::min(kChunk, n - c * kChunk), abs_mask, carry);
+  }
   return (acc & sign_mask) != 0;
 }
 
@@ -75,6 +91,30 @@ NonFiniteScan find_nonfinite(const Tensor& t) {
   }
 }
 
+namespace {
+
+// Whether t holds a NaN or an infinity: the vectorised pass over dense data, row by row over a
+// view whose last axis is dense (attention's q, k, v are strided views of one buffer), so that
+// watching a forward pass copies nothing. Other layouts are made contiguous first.
+bool has_nonfinite(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !dtype_is_float(t.dtype())) return false;
+  if (t.dtype() != DType::f32 || t.is_contiguous() || t.stride(-1) != 1) return find_nonfinite(t).found();
+  const int64_t inner = t.dim(-1), outer = t.numel() / inner;
+  const float* base = t.data<float>();
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t rest = o, offset = 0;
+    for (int d = t.rank() - 2; d >= 0; --d) {
+      offset += rest % t.dim(d) * t.stride(d);
+      rest /= t.dim(d);
+    }
+    if (any_nonfinite(reinterpret_cast<const uint32_t*>(base + offset), inner, 0x7f800000u, 0x80000000u))
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::string index_str(const Shape& shape, int64_t flat) {
   std::vector<int64_t> idx(static_cast<size_t>(shape.rank()));
   for (int d = shape.rank() - 1; d >= 0; --d) {
@@ -121,16 +161,34 @@ Status Parameters::check_finite(const std::string& origin) const {
 
 namespace model {
 
+namespace {
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// The mask is -inf by design; .heads is a view of .concat, which comes next (dense, cheaper).
+bool skipped(const std::string& name) { return ends_with(name, ".mask") || ends_with(name, ".heads"); }
+
+}  // namespace
+
 void FiniteWatch::see(const std::string& name, const Tensor& t) {
   if (pending_ == 0 || t.rank() < 1 || t.dim(0) != static_cast<int64_t>(found_->size())) return;
-  if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".mask") == 0) return;  // -inf by design
-  if (!find_nonfinite(t).found()) return;  // the usual case: one pass over the whole batch
+  if (skipped(name)) return;
+  // A block's .in, .attn.in and .out are the values just seen under another name (the previous
+  // output, ln1, ln2 or ffn.out): the same buffer as the last tensor read is not read again.
+  const void* data = t.raw_data();
+  if (data == last_data_ && t.numel() == last_numel_) return;
+  last_data_ = data;
+  last_numel_ = t.numel();
+  if (!has_nonfinite(t)) return;  // the usual case: one pass over the whole batch
   for (size_t b = 0; b < found_->size(); ++b) {
     NonFinite& f = (*found_)[b];
     if (f.found()) continue;
     const Tensor row = t.select(0, static_cast<int64_t>(b));
-    const NonFiniteScan s = find_nonfinite(row);
-    if (!s.found()) continue;
+    if (!has_nonfinite(row)) continue;
+    const NonFiniteScan s = find_nonfinite(row);  // copies a strided row: rare
     f.layer = name;
     f.index = index_str(row.shape(), s.index);
     f.value = s.value;
