@@ -20,6 +20,7 @@
 #include "tessera/model.h"
 #include "tessera/npy.h"
 #include "tessera/safetensors.h"
+#include "tessera/train.h"
 
 using namespace tessera;
 
@@ -155,6 +156,19 @@ TEST(NonFiniteWeights, InfInAnF16FileIsRefusedAndFiniteExtremesLoad) {
   EXPECT_TRUE(Model::build(with_file(ok_file, "blocks.0.attn.w_o", 33, std::numeric_limits<float>::max())).ok());
   std::remove(file.c_str());
   std::remove(ok_file.c_str());
+}
+
+// `tessera eval --weights` and `tessera export --weights` read a weights file themselves
+// (load_weights): a NaN there gave NaN metrics; now it is refused like a model's own file.
+TEST(NonFiniteWeights, LoadWeightsRefusesNaN) {
+  const std::string file = temp_path("eval_weights.safetensors");
+  const ModelConfig c = with_file(file, "blocks.0.attn.w_q", 9, kNaN);
+  Result<Parameters> p = load_weights(file, decoder());
+  ASSERT_FALSE(p.ok()) << "load_weights accepted a NaN weight";
+  EXPECT_NE(p.status().message().find("\"blocks.0.attn.w_q\" in " + file + " (f32 (32, 32)) holds NaN at flat index 9 = [0, 9]"),
+            std::string::npos)
+      << p.status().message();
+  std::remove(c.weights.file.c_str());
 }
 
 TEST(NonFiniteWeights, ScanFindsTheFirstAndCountsAll) {

@@ -1199,6 +1199,7 @@ Result<Parameters> load_weights(const std::string& path, const ModelConfig& c) {
   }
   Parameters p(std::move(entries));
   TSR_RETURN_IF_ERROR(p.check(c));
+  TSR_RETURN_IF_ERROR(p.check_finite(path));  // a NaN weight would only show as NaN metrics
   return p.clone();
 }
 
