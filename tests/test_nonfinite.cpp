@@ -13,9 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <optional>
 
 #include "test_models.h"
 #include "test_util.h"
+#include "tessera/config.h"
 #include "tessera/generate.h"
 #include "tessera/model.h"
 #include "tessera/npy.h"
@@ -156,6 +159,38 @@ TEST(NonFiniteWeights, InfInAnF16FileIsRefusedAndFiniteExtremesLoad) {
   EXPECT_TRUE(Model::build(with_file(ok_file, "blocks.0.attn.w_o", 33, std::numeric_limits<float>::max())).ok());
   std::remove(file.c_str());
   std::remove(ok_file.c_str());
+}
+
+// A Hugging Face folder's tensors are mapped to the model's names (and transposed where torch
+// keeps (out, in)): the error names both, and the file.
+TEST(NonFiniteWeights, NaNInAHuggingFaceFolderIsRefused) {
+  const std::string dir = temp_path("hf_bert");
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(std::string(TESSERA_TEST_DATA) + "/hf/bert/model", dir, std::filesystem::copy_options::recursive);
+  const std::string file = dir + "/model.safetensors";
+  std::vector<std::pair<std::string, Tensor>> entries;
+  std::map<std::string, std::string> metadata;
+  {
+    Result<safetensors::File> f = safetensors::File::open(file);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    metadata = f->metadata();
+    for (const auto& info : f->tensors()) entries.emplace_back(info.name, f->get(info.name)->clone());
+  }
+  for (auto& [name, t] : entries)
+    if (name == "encoder.layer.1.intermediate.dense.weight") t.data<float>()[3] = kNaN;  // torch (out, in): [0, 3]
+  ASSERT_TRUE(testing_util::IsOk(safetensors::write(file, entries, metadata)));
+  Diagnostics d;
+  std::optional<Experiment> e = load_experiment_from_string("model: {from: hf, path: " + dir + "}\n", "t.yaml",
+                                                            ::testing::TempDir(), LoadOptions{}, &d);
+  ASSERT_TRUE(e.has_value()) << d.str();
+  Result<Model> m = Model::build(e->model);
+  ASSERT_FALSE(m.ok()) << "a NaN in a Hugging Face folder was loaded";
+  const std::string& msg = m.status().message();
+  EXPECT_NE(msg.find("\"blocks.1.ffn.w1\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("encoder.layer.1.intermediate.dense.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("holds NaN at flat index"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("= [3, 0]"), std::string::npos) << msg;  // (in, out) in the model's layout
+  std::filesystem::remove_all(dir);
 }
 
 // `tessera eval --weights` and `tessera export --weights` read a weights file themselves

@@ -3,6 +3,7 @@
 // tensor reported together. It does not build layers (model.cpp does).
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "tessera/model.h"
@@ -146,20 +147,20 @@ Sources gather(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Diag
   Sources src;
 
   auto offer = [&](const std::string& name, const Tensor& t, const Location& at, const std::string& key,
-                   const std::string& where_text) {
+                   const std::string& where_text, const std::string& origin) {
     std::string full;
     int64_t head = 0;
     if (!dtype_is_float(t.dtype())) {
       diags->add(at, key, "tensor \"" + name + "\"" + where_text + " is " + dtype_name(t.dtype()) +
                               "; parameters must be f32, bf16 or f16");
     } else if (by_name.count(name)) {
-      if (!src.whole.count(name)) src.whole[name] = {t, at, key, false, where_text};  // inline wins over the file
+      if (!src.whole.count(name)) src.whole[name] = {t, at, key, false, origin};  // inline wins over the file
     } else if (parse_head_name(name, &full, &head) && by_name.count(full)) {
       if (head < 0 || head >= cfg.n_heads)
         diags->add(at, key, "tensor \"" + name + "\"" + where_text + ": head " + std::to_string(head) +
                                 " does not exist (the model has n_heads = " + std::to_string(cfg.n_heads) + ")");
       else if (!src.per_head[full].count(head))
-        src.per_head[full][head] = {t, at, key, false, where_text};
+        src.per_head[full][head] = {t, at, key, false, origin};
     } else {
       diags->add(at, key, "unexpected tensor \"" + name + "\"" + where_text + ": the model has no parameter of that name",
                  "`tessera check --params` lists the model's parameters");
@@ -167,10 +168,11 @@ Sources gather(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Diag
   };
 
   for (const auto& [name, it] : cfg.weights.inline_tensors)
-    offer(name, it.value, it.where.file.empty() ? Location{"<inline>"} : it.where, "model.weights.inline." + name, "");
+    offer(name, it.value, it.where.file.empty() ? Location{"<inline>"} : it.where, "model.weights.inline." + name, "", "");
   const Location folder_at = cfg.weights.file_where.file.empty() ? Location{cfg.path} : cfg.weights.file_where;
   for (const auto& [name, it] : cfg.weights.imported)
-    offer(name, it.value, folder_at, "model.path", " (" + it.source + ")");
+    offer(name, it.value, folder_at, "model.path", " (" + it.source + ")",
+          " (from " + (std::filesystem::path(cfg.path) / it.source).string() + "; indices in the model's layout)");
   if (!path.empty()) {
     Result<safetensors::File> f = safetensors::File::open(path);
     if (!f.ok()) {
@@ -180,7 +182,7 @@ Sources gather(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Diag
     for (const auto& info : f->tensors()) {
       Result<Tensor> t = f->get(info.name);
       if (!t.ok()) diags->add(file_at, "model.weights.file", t.status().message());
-      else offer(info.name, t.value(), file_at, "model.weights.file", in_file);
+      else offer(info.name, t.value(), file_at, "model.weights.file", in_file, in_file);
     }
   }
 
