@@ -53,7 +53,7 @@ int run_forward(const ForwardArgs& a) {
     return kExitFailure;
   }
   if (Status st = nonfinite_status(out.nonfinite, "item"); !st.ok()) {
-    std::fprintf(stderr, "tessera forward: %s (nothing written)\n", st.message().c_str());
+    std::fprintf(stderr, "tessera forward: nothing written: %s\n", st.message().c_str());
     return kExitFailure;
   }
   for (const auto& name : a.dump)

@@ -122,7 +122,8 @@ struct ForwardOptions {
   // needs, at 1/T' of the head's cost.
   bool last_logits = false;
   // Watch every intermediate for NaN and infinities and fill Outputs::nonfinite: one more read of
-  // each intermediate, only the batch rows that have any looked at closely. The rows of a batch row
+  // each intermediate (about +3% CPU on a BERT-base-shaped forward), only the batch rows that have
+  // any looked at closely. The rows of a batch row
   // include its padding; packed sequences share their row's verdict (a NaN in one sequence's values
   // reaches the others through attention's zero weights: 0 · NaN = NaN).
   bool find_nonfinite = false;
