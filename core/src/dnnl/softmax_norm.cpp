@@ -107,6 +107,20 @@ namespace {
 // layer_norm over (R, C) rows; with mean and rstd (contiguous f32 (R), checked) also each row's
 // statistics, for training: oneDNN keeps the variance, written into rstd and turned into
 // 1/sqrt(var + eps) there afterwards.
+// Whether some |x| of the row is above the float whose bits are limit_bits (NaN and ±inf are: the
+// double path gives them NaN as oneDNN does). For non-negative floats the bits order as the values,
+// and adding (0x7fffffff - limit_bits) to |bits| carries into the sign bit exactly when |bits| >
+// limit_bits: an OR of the sums, which vectorises on plain SSE2 (a float max reduction did not).
+using aliased_u32 = uint32_t __attribute__((may_alias));
+bool any_above(const float* row, int64_t C, uint32_t limit_bits) {
+  const auto* u = reinterpret_cast<const aliased_u32*>(row);
+  const uint32_t carry = 0x7fffffffu - limit_bits;
+  uint32_t acc = 0;
+#pragma omp simd reduction(| : acc)
+  for (int64_t k = 0; k < C; ++k) acc |= (u[k] & 0x7fffffffu) + carry;
+  return (acc & 0x80000000u) != 0;
+}
+
 Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                        Tensor& y, Tensor* mean, Tensor* rstd) {
   if (x.numel() == 0) return Status::Ok();
@@ -138,6 +152,8 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
     unsigned char* large = constant + flag_bytes;
     float* value = reinterpret_cast<float*>(constant + 2 * flag_bytes);
     const float limit = static_cast<float>(std::sqrt(std::numeric_limits<float>::max() / (8.0 * static_cast<double>(C))));
+    uint32_t limit_bits;
+    std::memcpy(&limit_bits, &limit, 4);
     int any_constant = 0, any_large = 0;
 #pragma omp parallel for schedule(static) reduction(| : any_constant, any_large) if (R * C >= (1 << 16))
     for (int64_t r = 0; r < R; ++r) {
@@ -147,10 +163,7 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
       constant[r] = c == C && std::isfinite(row[0]);
       if (train) value[r] = row[0];
       any_constant |= constant[r];
-      float top = 0.f;  // max |x|; NaN compares false and leaves it (such rows stay NaN anyway)
-#pragma omp simd reduction(max : top)
-      for (int64_t k = 0; k < C; ++k) top = std::max(top, std::fabs(row[k]));
-      large[r] = !constant[r] && top > limit;
+      large[r] = !constant[r] && any_above(row, C, limit_bits);
       any_large |= large[r];
     }
     std::vector<std::pair<int64_t, std::vector<float>>> large_rows;  // (row, its input values)

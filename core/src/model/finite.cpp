@@ -21,8 +21,15 @@ namespace {
 // then, so an OR of those sums has its sign bit set iff some value is NaN or ±inf. Only AND, ADD
 // and OR: it vectorises on plain SSE2 (no unsigned max before SSE4.1), with no early exit and no
 // float compares that NaN would upset, so the common case — all finite — runs at memory speed.
+// Float data read as integers of its width: may_alias tells the compiler so.
+template <class U> struct Aliased;
+template <> struct Aliased<uint16_t> { using type = uint16_t __attribute__((may_alias)); };
+template <> struct Aliased<uint32_t> { using type = uint32_t __attribute__((may_alias)); };
+template <> struct Aliased<uint64_t> { using type = uint64_t __attribute__((may_alias)); };
+
 template <class U>
-U or_of_carries(const U* p, int64_t n, U abs_mask, U carry) {
+U or_of_carries(const U* p_in, int64_t n, U abs_mask, U carry) {
+  const auto* p = reinterpret_cast<const typename Aliased<U>::type*>(p_in);
   U acc = 0;
 #pragma omp simd reduction(| : acc)
   for (int64_t i = 0; i < n; ++i) acc |= static_cast<U>((p[i] & abs_mask) + carry);
@@ -48,7 +55,7 @@ bool any_nonfinite(const U* p, int64_t n, U inf_bits, U sign_mask) {
 template <class U>
 NonFiniteScan scan_bits(const void* data, int64_t n, U inf_bits, U sign_mask, double (*value)(U)) {
   NonFiniteScan s;
-  const U* p = static_cast<const U*>(data);
+  const auto* p = static_cast<const typename Aliased<U>::type*>(data);
   if (!any_nonfinite(p, n, inf_bits, sign_mask)) return s;
   for (int64_t i = 0; i < n; ++i)
     if (static_cast<U>(p[i] & ~sign_mask) >= inf_bits) {
