@@ -16,17 +16,17 @@ namespace tessera {
 
 namespace {
 
-// Whether any of n values of one width is non-finite: its exponent all ones, i.e. |bits| (sign
-// cleared) >= the bits of +inf. Adding (sign - inf) to |bits| carries into the sign bit exactly
-// then, so an OR of those sums has its sign bit set iff some value is NaN or ±inf. Only AND, ADD
-// and OR: it vectorises on plain SSE2 (no unsigned max before SSE4.1), with no early exit and no
-// float compares that NaN would upset, so the common case — all finite — runs at memory speed.
 // Float data read as integers of its width: may_alias tells the compiler so.
 template <class U> struct Aliased;
 template <> struct Aliased<uint16_t> { using type = uint16_t __attribute__((may_alias)); };
 template <> struct Aliased<uint32_t> { using type = uint32_t __attribute__((may_alias)); };
 template <> struct Aliased<uint64_t> { using type = uint64_t __attribute__((may_alias)); };
 
+// any_nonfinite: whether any of n values of one width is non-finite, i.e. its exponent is all
+// ones: |bits| (sign cleared) >= the bits of +inf. Adding (sign - inf) to |bits| carries into the sign bit exactly
+// then, so an OR of those sums has its sign bit set iff some value is NaN or ±inf. Only AND, ADD
+// and OR: it vectorises on plain SSE2 (no unsigned max before SSE4.1), with no early exit and no
+// float compares that NaN would upset, so the common case — all finite — runs at memory speed.
 template <class U>
 U or_of_carries(const U* p_in, int64_t n, U abs_mask, U carry) {
   const auto* p = reinterpret_cast<const typename Aliased<U>::type*>(p_in);
