@@ -143,14 +143,22 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
     // Large rows: oneDNN sums (x - mean)² in f32, which overflows once C·(2·max|x|)² passes
     // FLT_MAX (|x| ~ 1e19 at C = 3, ~1e17 at C = 4096); the variance becomes inf and the row
     // comes out as beta, finite and wrong. Such rows (rare: only hostile or overflowing inputs) are
-    // normalised again in double afterwards, as the reference loop does; they are copied first.
+    // normalised again in double afterwards, as the reference loop does. They are known by their
+    // variance, which the primitive always reports (forward_training: the same arithmetic, plus R
+    // statistics), so finding them costs nothing; only an in-place call, which loses its input,
+    // looks for them first (max |x| against the bound) and copies them.
     const int64_t R = dims[0];
     const float* in = rows.in.data<float>();
+    const bool in_place = rows.in.raw_data() == rows.out.raw_data();
     const size_t flag_bytes = static_cast<size_t>((R + 63) / 64 * 64);
-    auto* constant = static_cast<unsigned char*>(onednn::scratch(
-        onednn::Slot::aux, 2 * flag_bytes + (train ? static_cast<size_t>(R) * sizeof(float) : 0)));
+    const size_t row_floats = static_cast<size_t>(R) * sizeof(float);
+    auto* constant = static_cast<unsigned char*>(
+        onednn::scratch(onednn::Slot::aux, 2 * flag_bytes + (train ? row_floats : 2 * row_floats)));
     unsigned char* large = constant + flag_bytes;
-    float* value = reinterpret_cast<float*>(constant + 2 * flag_bytes);
+    float* value = reinterpret_cast<float*>(constant + 2 * flag_bytes);  // train: each row's first value
+    // (R) mean and variance: the caller's in training (rstd holds the variance until the end)
+    float* stat_mean = train ? mean->data<float>() : value;
+    float* stat_var = train ? rstd->data<float>() : value + R;
     const float limit = static_cast<float>(std::sqrt(std::numeric_limits<float>::max() / (8.0 * static_cast<double>(C))));
     uint32_t limit_bits;
     std::memcpy(&limit_bits, &limit, 4);
@@ -163,18 +171,17 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
       constant[r] = c == C && std::isfinite(row[0]);
       if (train) value[r] = row[0];
       any_constant |= constant[r];
-      large[r] = !constant[r] && any_above(row, C, limit_bits);
+      large[r] = in_place && !constant[r] && any_above(row, C, limit_bits);  // in place: may be
       any_large |= large[r];
     }
-    std::vector<std::pair<int64_t, std::vector<float>>> large_rows;  // (row, its input values)
+    // In place: the input of every row that may overflow, kept; (row, its values), by row.
+    std::vector<std::pair<int64_t, std::vector<float>>> kept;
     if (any_large)
       for (int64_t r = 0; r < R; ++r)
-        if (large[r]) large_rows.emplace_back(r, std::vector<float>(in + r * C, in + (r + 1) * C));
+        if (large[r]) kept.emplace_back(r, std::vector<float>(in + r * C, in + (r + 1) * C));
 
-    const dnnl::prop_kind prop =
-        train ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
     onednn::Key key("layer_norm");
-    key << dims[0] << C << eps << static_cast<int64_t>(train);
+    key << dims[0] << C << eps;
     const auto prim = onednn::cached(key, [&] {
       // memory descriptors: dense (R, C) rows, (C) scale and shift, (R) mean and variance
       const memory::desc md = onednn::dense_md(dims, memory::data_type::f32);
@@ -182,23 +189,30 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
       const memory::desc smd = onednn::dense_md({R}, memory::data_type::f32);
       // normalise over the last axis with this eps, then scale (gamma) and shift (beta)
       const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-      const auto d = train ? dnnl::layer_normalization_forward::desc(prop, md, smd, eps, flags)
-                           : dnnl::layer_normalization_forward::desc(prop, md, eps, flags);
+      const auto d = dnnl::layer_normalization_forward::desc(dnnl::prop_kind::forward_training, md, smd, eps, flags);
       onednn::Prim p = onednn::make_prim<dnnl::layer_normalization_forward::primitive_desc,
                                          dnnl::layer_normalization_forward>(
           dnnl::layer_normalization_forward::primitive_desc(d, onednn::base_attr(), onednn::engine()));
       p.mds = {md, cmd, smd};
       return p;
     });
-    onednn::Arg args[6] = {{DNNL_ARG_SRC, 0, rows.in.raw_data()},
-                           {DNNL_ARG_DST, 0, rows.out.raw_data()},
-                           {DNNL_ARG_SCALE, 1, g.raw_data()},
-                           {DNNL_ARG_SHIFT, 1, b.raw_data()}};
-    if (train) {
-      args[4] = {DNNL_ARG_MEAN, 2, mean->raw_data()};
-      args[5] = {DNNL_ARG_VARIANCE, 2, rstd->raw_data()};
+    const onednn::Arg args[6] = {{DNNL_ARG_SRC, 0, rows.in.raw_data()},  {DNNL_ARG_DST, 0, rows.out.raw_data()},
+                                 {DNNL_ARG_SCALE, 1, g.raw_data()},      {DNNL_ARG_SHIFT, 1, b.raw_data()},
+                                 {DNNL_ARG_MEAN, 2, stat_mean},          {DNNL_ARG_VARIANCE, 2, stat_var}};
+    onednn::execute(*prim, std::span<const onednn::Arg>(args, 6));
+    // The rows whose f32 variance overflowed, with their input: from x itself, or kept (in place;
+    // every such row was kept: its max |x| is above the bound). Both ways, the same rows.
+    std::vector<std::pair<int64_t, const float*>> large_rows;
+    size_t next_kept = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      while (next_kept < kept.size() && kept[next_kept].first < r) ++next_kept;
+      const bool overflowed = !constant[r] && !std::isfinite(stat_var[r]);
+      large[r] = overflowed;
+      if (!overflowed) continue;
+      if (!in_place) large_rows.emplace_back(r, in + r * C);
+      else if (next_kept < kept.size() && kept[next_kept].first == r) large_rows.emplace_back(r, kept[next_kept].second.data());
+      else large[r] = 0;  // cannot happen (see the bound); oneDNN's row stays
     }
-    onednn::execute(*prim, std::span<const onednn::Arg>(args, train ? 6 : 4));
     if (any_constant) {
       float* out = rows.out.data<float>();
       const float* shift = b.data<float>();
@@ -209,9 +223,9 @@ Status layer_norm_rows(const char* op, const Tensor& x, const Tensor& gamma, con
     for (const auto& [r, row] : large_rows) {
       // The reference loop's arithmetic (ref::layer_norm): double statistics, biased variance.
       double m = 0.0, var = 0.0;
-      for (float v : row) m += v;
+      for (int64_t k = 0; k < C; ++k) m += row[k];
       m /= static_cast<double>(C);
-      for (float v : row) var += (v - m) * (v - m);
+      for (int64_t k = 0; k < C; ++k) var += (row[k] - m) * (row[k] - m);
       var /= static_cast<double>(C);
       const double inv = 1.0 / std::sqrt(var + eps);
       float* out = rows.out.data<float>() + r * C;
