@@ -16,6 +16,7 @@
 #include "tessera/hf.h"
 #include "tessera/model.h"
 #include "tessera/safetensors.h"
+#include "io/json_file.h"
 #include "mapping.h"
 
 namespace tessera::hf {
@@ -46,6 +47,7 @@ struct Ctx {
   Location where;
   Diagnostics* d = nullptr;
   size_t errors = 0;
+  size_t bad_values = 0;  // settings of a wrong type or out of their range (Json)
   void err(const std::string& problem, const std::string& hint = "") {
     d->add(where, "model.path", problem, hint);
     ++errors;
@@ -54,45 +56,46 @@ struct Ctx {
   bool has(const std::string& name) const { return fs::is_regular_file(at(name)); }
 };
 
-// Reads a JSON object; a parse error names the file with line and column.
-bool read_json(Ctx& c, const std::string& name, json* out) {
+// Reads a JSON object through jsonfile (size checked before reading, depth and memory before
+// parsing, no exception out); a parse error names the file with line and column.
+bool read_json(Ctx& c, const std::string& name, json* out, bool object = true) {
   const std::string path = c.at(name);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    c.err(path + ": cannot be read");
+  Result<json> r = jsonfile::read(path, jsonfile::kSettings);
+  if (!r.ok()) {
+    c.err(r.status().message());
     return false;
   }
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.size() > (64u << 20)) {
-    c.err(path + ": " + std::to_string(text.size()) + " bytes is too large for a JSON settings file");
-    return false;
-  }
-  try {
-    *out = json::parse(text);
-  } catch (const json::parse_error& e) {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
-    std::string what = e.what();
-    const auto p = what.find("parse error");
-    if (p != std::string::npos) what = what.substr(p);
-    c.err(path + ":" + std::to_string(line) + ":" + std::to_string(col) + ": not valid JSON (" + what + ")");
-    return false;
-  }
-  if (!out->is_object()) {
-    c.err(path + ": expected a JSON object at the top");
+  *out = std::move(r).value();
+  if (object && !out->is_object()) {
+    c.err(path + ": expected a JSON object at the top, found " + jsonfile::brief(*out));
     return false;
   }
   return true;
 }
 
-// Typed reads of config.json keys; a wrong type or a missing required key names the file and key.
+// The ranges config.json's sizes must lie in (docs/RELIABILITY.md lists them). Generous for
+// every checkpoint Tessera's families have (BERT-large 1024 wide, 24 layers; ESM-2 15B 5120 wide,
+// 48 layers), and small enough that no product of them overflows before the model's own checks.
+namespace bound {
+constexpr int64_t kWidth = 1 << 16;        // hidden_size, n_embd
+constexpr int64_t kLayers = 1024;          // num_hidden_layers, n_layer
+constexpr int64_t kHeads = 1024;           // num_attention_heads, n_head
+constexpr int64_t kFf = 1 << 20;           // intermediate_size, n_inner
+constexpr int64_t kPositions = 1 << 20;    // max_position_embeddings, n_positions, AST max_length
+constexpr int64_t kVocab = 1 << 24;        // vocab_size, token ids
+constexpr int64_t kTypes = 1024;           // type_vocab_size
+constexpr int64_t kImage = 16384;          // image_size, the processor's height and width
+constexpr int64_t kPatch = 1024;           // patch_size, strides
+constexpr int64_t kChannels = 64;          // num_channels
+constexpr int64_t kMels = 4096;            // num_mel_bins
+constexpr int64_t kLabels = 1 << 20;       // num_labels, id2label
+constexpr int64_t kRate = 1 << 24;         // sampling_rate
+}  // namespace bound
+
+// Typed reads of a settings file's keys; a wrong type, a value out of its range or a missing
+// required key names the file, the key, what was expected and what was found, once. Such a value
+// sets Ctx::bad_values, which stops the import before the tensors are checked (a wrong size would
+// only repeat itself as one message per tensor).
 struct Json {
   Ctx* c;
   const json* j;
@@ -101,32 +104,44 @@ struct Json {
     auto it = j->find(key);
     return it == j->end() || it->is_null() ? nullptr : &*it;
   }
-  int64_t i(const char* key, std::optional<int64_t> def = std::nullopt) const {
+  void bad(const char* key, const std::string& expected, const json* found) const {
+    c->err(file + ": key \"" + key + "\": expected " + expected +
+           (found ? ", found " + jsonfile::brief(*found) : ", but it is missing"));
+    ++c->bad_values;
+  }
+  // An integer in [lo, hi]; `def` when the key is absent (required when there is none).
+  int64_t i(const char* key, std::optional<int64_t> def, int64_t lo, int64_t hi) const {
     const json* v = find(key);
+    const int64_t fallback = std::clamp(def.value_or(lo), lo, hi);
+    const std::string want = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     if (!v) {
-      if (!def) c->err(file + ": missing key \"" + std::string(key) + "\" (an integer)");
-      return def.value_or(0);
+      if (!def) bad(key, want, nullptr);
+      return def ? *def : fallback;
     }
-    if (!v->is_number_integer()) {
-      c->err(file + ": \"" + key + "\" should be an integer, found " + v->dump());
-      return def.value_or(0);
+    const bool fits = v->is_number_unsigned() ? v->get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                              : v->is_number_integer() && v->get<int64_t>() <= hi;
+    if (!fits || v->get<int64_t>() < lo) {
+      bad(key, want, v);
+      return fallback;
     }
     return v->get<int64_t>();
   }
-  double f(const char* key, double def) const {
+  // A finite number in [lo, hi], or (lo, hi] when lo_open.
+  double f(const char* key, double def, double lo, double hi, bool lo_open = false) const {
     const json* v = find(key);
     if (!v) return def;
-    if (!v->is_number()) {
-      c->err(file + ": \"" + key + "\" should be a number, found " + v->dump());
+    const double x = v->is_number() ? v->get<double>() : NAN;
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+      bad(key, std::string("a finite number in ") + (lo_open ? "(" : "[") + fmt(lo) + ", " + fmt(hi) + "]", v);
       return def;
     }
-    return v->get<double>();
+    return x;
   }
   std::string s(const char* key, const std::string& def) const {
     const json* v = find(key);
     if (!v) return def;
     if (!v->is_string()) {
-      c->err(file + ": \"" + key + "\" should be a string, found " + v->dump());
+      c->err(file + ": key \"" + key + "\": expected a string, found " + jsonfile::brief(*v));
       return def;
     }
     return v->get<std::string>();
@@ -135,10 +150,26 @@ struct Json {
     const json* v = find(key);
     if (!v) return def;
     if (!v->is_boolean()) {
-      c->err(file + ": \"" + key + "\" should be true or false, found " + v->dump());
+      c->err(file + ": key \"" + key + "\": expected true or false, found " + jsonfile::brief(*v));
       return def;
     }
     return v->get<bool>();
+  }
+};
+
+// At most this many messages of one kind about the checkpoint's tensors; then "... and N more".
+constexpr size_t kMaxListed = 24;
+
+struct Capped {
+  Ctx* c;
+  const char* what;  // "missing tensors"
+  size_t n = 0;
+  void err(const std::string& problem, const std::string& hint = "") {
+    if (n++ < kMaxListed) c->err(problem, hint);
+  }
+  ~Capped() {
+    if (n > kMaxListed) c->err("... and " + std::to_string(n - kMaxListed) + " more " + what + " (" +
+                               std::to_string(n) + " in all; the first " + std::to_string(kMaxListed) + " are listed)");
   }
 };
 
@@ -182,7 +213,7 @@ bool open_weights(Ctx& c, Store* s) {
     std::vector<std::string> shards;
     for (auto it = wm->begin(); it != wm->end(); ++it) {
       if (!it->is_string()) {
-        c.err(ipath + ": weight_map[\"" + it.key() + "\"] should be a file name, found " + it->dump());
+        c.err(ipath + ": weight_map[\"" + it.key() + "\"] should be a file name, found " + jsonfile::brief(*it));
         return false;
       }
       const std::string shard = it->get<std::string>();
@@ -298,8 +329,14 @@ std::vector<std::string> labels_of(const json& cfg, int64_t n) {
 
 int64_t num_labels(const json& cfg, const Json& J) {
   auto it = cfg.find("id2label");
-  if (it != cfg.end() && it->is_object() && !it->empty()) return static_cast<int64_t>(it->size());
-  return J.i("num_labels", 2);
+  if (it != cfg.end() && it->is_object() && !it->empty()) {
+    if (static_cast<int64_t>(it->size()) <= bound::kLabels) return static_cast<int64_t>(it->size());
+    J.c->err(J.file + ": key \"id2label\": expected at most " + std::to_string(bound::kLabels) + " labels, found " +
+             jsonfile::brief(*it));
+    ++J.c->bad_values;
+    return 2;
+  }
+  return J.i("num_labels", 2, 1, bound::kLabels);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -424,7 +461,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     return layout.prefix;
   };
 
-  const int64_t C = J.i("hidden_size", type == "gpt2" ? std::optional<int64_t>(J.i("n_embd")) : std::nullopt);
+  const int64_t C = J.i("hidden_size", type == "gpt2" && !J.find("hidden_size") ? std::optional<int64_t>(J.i("n_embd", std::nullopt, 1, bound::kWidth)) : std::nullopt, 1, bound::kWidth);
   // An LM head: tied to the token table when config.json's tie_word_embeddings is true (its
   // default; transformers then ties the decoder, so a copy in the file is not read). `bias`:
   // whether the class has a vocabulary bias.
@@ -435,10 +472,15 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
   };
   auto common = [&](NormPlacement norm, const char* eps_key, double eps_default) {
     m.d_model = C;
-    m.n_layers = J.i("num_hidden_layers", type == "gpt2" ? std::optional<int64_t>(J.i("n_layer")) : std::nullopt);
-    m.n_heads = J.i("num_attention_heads", type == "gpt2" ? std::optional<int64_t>(J.i("n_head")) : std::nullopt);
+    m.n_layers = J.i("num_hidden_layers",
+                     type == "gpt2" && !J.find("num_hidden_layers") ? std::optional<int64_t>(J.i("n_layer", std::nullopt, 1, bound::kLayers)) : std::nullopt,
+                     1, bound::kLayers);
+    m.n_heads = J.i("num_attention_heads",
+                    type == "gpt2" && !J.find("num_attention_heads") ? std::optional<int64_t>(J.i("n_head", std::nullopt, 1, bound::kHeads)) : std::nullopt,
+                    1, bound::kHeads);
     m.norm = norm;
-    m.norm_eps = J.f(eps_key, eps_default);
+    m.norm_eps = J.f(eps_key, eps_default, 0.0, 1.0, true);  // a zero epsilon divides by zero on a constant row
+    if (c.bad_values > 0) return false;  // named once already; no "do not make a transformer" on top
     m.bias = true;
     if (m.n_heads <= 0 || m.d_model <= 0 || m.n_layers <= 0 || m.d_model % m.n_heads != 0) {
       c.err(cfg_path + ": hidden size " + std::to_string(m.d_model) + ", " + std::to_string(m.n_layers) +
@@ -461,12 +503,12 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     if (J.b("is_decoder", false) || J.b("add_cross_attention", false))
       c.err(cfg_path + ": a BERT decoder (is_decoder, add_cross_attention) is not implemented");
     ok = activation_of(c, cfg_path, "hidden_act", J.s("hidden_act", "gelu"), &m.activation) && ok;
-    m.d_ff = J.i("intermediate_size");
+    m.d_ff = J.i("intermediate_size", std::nullopt, 1, bound::kFf);
     m.positions.kind = PositionKind::learned;
-    m.positions.max_len = J.i("max_position_embeddings", 512);
+    m.positions.max_len = J.i("max_position_embeddings", 512, 1, bound::kPositions);
     m.stem.kind = StemKind::tokens;
-    m.stem.vocab_size = J.i("vocab_size");
-    m.stem.token_types = J.i("type_vocab_size", 2);
+    m.stem.vocab_size = J.i("vocab_size", std::nullopt, 1, bound::kVocab);
+    m.stem.token_types = J.i("type_vocab_size", 2, 1, bound::kTypes);
     m.stem.norm = true;
     // decoder.bias is cls.predictions.bias (one shared tensor), saved under either name or both.
     ignorable = {p + "embeddings.position_ids", "cls.predictions.decoder.bias"};
@@ -487,31 +529,42 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       m.head.pooler = pooler;
       if (c.has("modules.json")) {
         // modules.json is a list of sentence-transformers modules.
-        std::ifstream in(c.at("modules.json"));
-        json list = json::parse(in, nullptr, false);
+        json list;
         bool pooling = false;
+        const std::string mpath = c.at("modules.json");
+        if (read_json(c, "modules.json", &list, /*object=*/false) && !list.is_array())
+          c.err(mpath + ": expected a JSON array of modules ({\"type\": ..., \"path\": ...}), found " +
+                jsonfile::brief(list));
         for (const json& mod : list.is_array() ? list : json::array()) {
-          const std::string t = mod.value("type", "");
-          const std::string path = mod.value("path", "");
+          if (!mod.is_object()) {
+            c.err(mpath + ": expected each module to be an object with \"type\" and \"path\", found " +
+                  jsonfile::brief(mod));
+            break;
+          }
+          const Json M{&c, &mod, mpath};
+          const std::string t = M.s("type", "");
+          const std::string path = M.s("path", "");
           if (ends_with(t, "models.Normalize")) m.head.normalize = true;
           if (ends_with(t, "models.Pooling")) {
-            json pc;
-            std::ifstream pin(c.at(path + "/config.json"));
-            pc = json::parse(pin, nullptr, false);
-            if (!pc.is_object()) {
-              c.err(c.at(path + "/config.json") + ": missing or not valid JSON (sentence-transformers' pooling)");
+            const std::string pcfg = path + "/config.json";
+            if (path.empty() || path[0] == '/' || path.find("..") != std::string::npos || !c.has(pcfg)) {
+              c.err(c.at(pcfg) + ": missing or not valid JSON (sentence-transformers' pooling)",
+                    "modules.json's \"path\" names a folder inside the model folder, such as 1_Pooling");
               continue;
             }
+            json pc;
+            if (!read_json(c, pcfg, &pc)) continue;
+            const Json P{&c, &pc, c.at(pcfg)};
             pooling = true;
             m.head.pooler = false;
-            if (pc.value("pooling_mode_mean_tokens", false)) m.head.pool = PoolKind::mean;
-            else if (pc.value("pooling_mode_cls_token", false)) m.head.pool = PoolKind::cls;
-            else if (pc.value("pooling_mode_lasttoken", false)) m.head.pool = PoolKind::last;
+            if (P.b("pooling_mode_mean_tokens", false)) m.head.pool = PoolKind::mean;
+            else if (P.b("pooling_mode_cls_token", false)) m.head.pool = PoolKind::cls;
+            else if (P.b("pooling_mode_lasttoken", false)) m.head.pool = PoolKind::last;
             else
-              c.err(c.at(path + "/config.json") + ": only mean, cls and lasttoken pooling are implemented");
-            if (pc.value("pooling_mode_max_tokens", false) || pc.value("pooling_mode_mean_sqrt_len_tokens", false) ||
-                pc.value("pooling_mode_weightedmean_tokens", false))
-              c.err(c.at(path + "/config.json") + ": max, sqrt-length and weighted-mean pooling are not implemented");
+              c.err(c.at(pcfg) + ": only mean, cls and lasttoken pooling are implemented");
+            if (P.b("pooling_mode_max_tokens", false) || P.b("pooling_mode_mean_sqrt_len_tokens", false) ||
+                P.b("pooling_mode_weightedmean_tokens", false))
+              c.err(c.at(pcfg) + ": max, sqrt-length and weighted-mean pooling are not implemented");
           }
         }
         if (pooling) out.notes.push_back("pooling from sentence-transformers' modules.json: " +
@@ -532,18 +585,22 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     const bool have_tc = c.has("tokenizer_config.json") && read_json(c, "tokenizer_config.json", &tc);
     po.emplace_back("tokenizer", "wordpiece");
     if (!vocab.empty()) po.emplace_back("vocab", vocab);
-    if (have_tc && tc.contains("do_lower_case") && tc["do_lower_case"].is_boolean())
-      po.emplace_back("lowercase", tc["do_lower_case"].get<bool>() ? "true" : "false");
-    if (have_tc && tc.contains("strip_accents") && tc["strip_accents"].is_boolean())
-      po.emplace_back("strip_accents", tc["strip_accents"].get<bool>() ? "true" : "false");
+    const Json T{&c, &tc, c.at("tokenizer_config.json")};
+    if (have_tc && T.find("do_lower_case")) po.emplace_back("lowercase", T.b("do_lower_case", true) ? "true" : "false");
+    if (have_tc && T.find("strip_accents") && T.find("strip_accents")->is_boolean())
+      po.emplace_back("strip_accents", T.b("strip_accents", false) ? "true" : "false");
     int64_t max_len = m.positions.max_len;
-    if (have_tc && tc.contains("model_max_length") && tc["model_max_length"].is_number_integer())
-      max_len = std::min<int64_t>(max_len, tc["model_max_length"].get<int64_t>());
+    // transformers writes a huge float (1e30) for "no limit": only a positive integer that fits limits it.
+    if (const json* v = have_tc ? T.find("model_max_length") : nullptr; v && v->is_number_integer()) {
+      const bool fits = v->is_number_unsigned() ? v->get<uint64_t>() - 1 < static_cast<uint64_t>(INT64_MAX)
+                                                : v->get<int64_t>() > 0;
+      if (fits) max_len = std::min<int64_t>(max_len, v->get<int64_t>());
+    }
     json sb;
     if (c.has("sentence_bert_config.json") && read_json(c, "sentence_bert_config.json", &sb)) {
-      if (sb.contains("max_seq_length") && sb["max_seq_length"].is_number_integer())
-        max_len = std::min<int64_t>(max_len, sb["max_seq_length"].get<int64_t>());
-      if (sb.value("do_lower_case", false)) po.emplace_back("lowercase", "true");
+      const Json S{&c, &sb, c.at("sentence_bert_config.json")};
+      if (S.find("max_seq_length")) max_len = std::min<int64_t>(max_len, S.i("max_seq_length", max_len, 1, bound::kPositions));
+      if (S.b("do_lower_case", false)) po.emplace_back("lowercase", "true");
       po.emplace_back("length_policy", "truncate");  // sentence-transformers truncates
     }
     po.emplace_back("max_length", std::to_string(max_len));
@@ -558,11 +615,11 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     m.arch = Arch::decoder;
     m.causal = true;
     m.final_norm = true;
-    m.d_ff = J.i("n_inner", 4 * C);
+    m.d_ff = J.i("n_inner", 4 * C, 1, bound::kFf);
     m.positions.kind = PositionKind::learned;
-    m.positions.max_len = J.i("n_positions", 1024);
+    m.positions.max_len = J.i("n_positions", 1024, 1, bound::kPositions);
     m.stem.kind = StemKind::tokens;
-    m.stem.vocab_size = J.i("vocab_size");
+    m.stem.vocab_size = J.i("vocab_size", std::nullopt, 1, bound::kVocab);
     for (int64_t l = 0; l < m.n_layers && ok; ++l) {
       const std::string e = p + "h." + std::to_string(l) + ".";
       ignorable.insert(e + "attn.bias");  // the causal mask buffer of older checkpoints
@@ -582,7 +639,8 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     ok = common(NormPlacement::pre, "layer_norm_eps", 1e-12);
     const std::string p = base_prefix("embeddings.patch_embeddings.projection.weight");
     ok = activation_of(c, cfg_path, "hidden_act", J.s("hidden_act", "gelu"), &m.activation) && ok;
-    const int64_t img = J.i("image_size", 224), patch = J.i("patch_size", 16), ch = J.i("num_channels", 3);
+    const int64_t img = J.i("image_size", 224, 1, bound::kImage), patch = J.i("patch_size", 16, 1, bound::kPatch),
+                  ch = J.i("num_channels", 3, 1, bound::kChannels);
     if (patch <= 0 || img <= 0 || img % patch != 0) {
       c.err(cfg_path + ": patch_size " + std::to_string(patch) + " does not divide image_size " + std::to_string(img));
       return std::nullopt;
@@ -604,7 +662,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
                           " for " + std::to_string(ih) + "x" + std::to_string(iw) + " images");
     }
     m.final_norm = true;
-    m.d_ff = J.i("intermediate_size");
+    m.d_ff = J.i("intermediate_size", std::nullopt, 1, bound::kFf);
     m.positions.kind = PositionKind::learned;
     m.positions.max_len = 1 + grid.gh * grid.gw;
     m.stem.kind = StemKind::features;
@@ -642,37 +700,47 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
         auto sz = pp.find("size");
         int64_t h = img, w = img;
         if (sz != pp.end() && sz->is_object() && sz->contains("height") && sz->contains("width")) {
-          h = (*sz)["height"].get<int64_t>();
-          w = (*sz)["width"].get<int64_t>();
+          const Json S{&c, &*sz, pf + ": size"};
+          h = S.i("height", img, 1, bound::kImage);
+          w = S.i("width", img, 1, bound::kImage);
         } else if (sz != pp.end() && sz->is_number_integer()) {
-          h = w = sz->get<int64_t>();
+          h = w = P.i("size", img, 1, bound::kImage);
         } else if (sz != pp.end()) {
-          c.err(pf + ": size " + sz->dump() + " is not implemented (Tessera reads {height, width} or one number)");
+          c.err(pf + ": size " + jsonfile::brief(*sz) + " is not implemented (Tessera reads {height, width} or one number)");
         }
-        if (h != img || w != img)
+        if ((h != img || w != img) && c.bad_values == 0)
           c.err(pf + ": the processor resizes to " + std::to_string(h) + "x" + std::to_string(w) +
                     " but config.json's image_size is " + std::to_string(img),
                 "set the image plugin's image_size to choose a size; the position grid follows it");
         po.emplace_back("image_size", std::to_string(h) + "," + std::to_string(w));
       }
-      const int64_t resample = P.i("resample", 2);
+      const int64_t resample = P.i("resample", 2, 0, 5);
       if (resample == 2) po.emplace_back("resize", "pil_bilinear");
       else if (resample == 3) po.emplace_back("resize", "pil_bicubic");
       else c.err(pf + ": resample " + std::to_string(resample) + " is not implemented (2 bilinear, 3 bicubic)");
       if (!P.b("do_resize", true)) c.err(pf + ": do_resize false is not implemented");
-      po.emplace_back("rescale_factor", P.b("do_rescale", true) ? fmt(P.f("rescale_factor", 1.0 / 255)) : "1");
-      auto three = [&](const char* key, double def) {
+      po.emplace_back("rescale_factor", P.b("do_rescale", true) ? fmt(P.f("rescale_factor", 1.0 / 255, 0.0, 1e6, true)) : "1");
+      // image_mean, image_std: one number or three, each finite (a std also positive: it divides).
+      auto three = [&](const char* key, double def, bool positive) {
         auto it = pp.find(key);
         if (it == pp.end() || !P.b("do_normalize", true)) return fmt(def) + "," + fmt(def) + "," + fmt(def);
-        if (it->is_number()) return fmt(it->get<double>()) + "," + fmt(it->get<double>()) + "," + fmt(it->get<double>());
-        if (!it->is_array() || it->size() != 3) {
-          c.err(pf + ": \"" + key + "\" should be three numbers, found " + it->dump());
-          return fmt(def) + "," + fmt(def) + "," + fmt(def);
+        const bool list = it->is_array() && it->size() == 3;
+        std::string text;
+        for (size_t k = 0; k < 3; ++k) {
+          const json& v = list ? (*it)[k] : *it;
+          const double x = v.is_number() ? v.get<double>() : NAN;
+          if ((!list && !it->is_number()) || !std::isfinite(x) || (positive && x <= 0) || std::fabs(x) > 1e6) {
+            c.err(pf + ": key \"" + key + "\": expected one or three finite numbers" +
+                  (positive ? " above 0" : "") + ", found " + jsonfile::brief(list ? v : *it));
+            ++c.bad_values;
+            return fmt(def) + "," + fmt(def) + "," + fmt(def);
+          }
+          text += (k ? "," : "") + fmt(x);
         }
-        return fmt((*it)[0].get<double>()) + "," + fmt((*it)[1].get<double>()) + "," + fmt((*it)[2].get<double>());
+        return text;
       };
-      po.emplace_back("mean", three("image_mean", P.b("do_normalize", true) ? 0.5 : 0.0));
-      po.emplace_back("std", three("image_std", 1.0));
+      po.emplace_back("mean", three("image_mean", P.b("do_normalize", true) ? 0.5 : 0.0, false));
+      po.emplace_back("std", three("image_std", 1.0, true));
       if (P.b("do_center_crop", false)) c.err(pf + ": do_center_crop is not implemented for ViT folders");
     }
     if (ch != 3) c.err(cfg_path + ": num_channels " + std::to_string(ch) + " (the image plugin gives RGB, 3 channels)");
@@ -686,17 +754,17 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       c.err(cfg_path + ": position_embedding_type \"" + J.s("position_embedding_type", "absolute") +
             "\" is not implemented (Tessera runs ESM-2, whose positions are rotary)");
     if (J.b("is_folding_model", false)) c.err(cfg_path + ": ESMFold is not implemented");
-    m.d_ff = J.i("intermediate_size");
+    m.d_ff = J.i("intermediate_size", std::nullopt, 1, bound::kFf);
     m.final_norm = J.b("emb_layer_norm_after", true);
     m.positions.kind = PositionKind::rotary;
     m.positions.rotary_dims = m.d_k;
     m.positions.rotary_style = RotaryStyle::half;
     m.positions.base = 10000.0;
-    m.positions.max_len = J.i("max_position_embeddings", 1026);
+    m.positions.max_len = J.i("max_position_embeddings", 1026, 1, bound::kPositions);
     m.stem.kind = StemKind::tokens;
-    m.stem.vocab_size = J.i("vocab_size");
+    m.stem.vocab_size = J.i("vocab_size", std::nullopt, 1, bound::kVocab);
     m.stem.token_dropout = J.b("token_dropout", false);
-    m.stem.mask_id = J.i("mask_token_id", 32);
+    m.stem.mask_id = J.i("mask_token_id", 32, 0, bound::kVocab - 1);
     m.stem.norm = J.b("emb_layer_norm_before", false);
     for (int64_t l = 0; l < m.n_layers && ok; ++l)
       ignorable.insert(p + "encoder.layer." + std::to_string(l) + ".attention.self.rotary_embeddings.inv_freq");
@@ -730,7 +798,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
                                                     : line.substr(first, line.find_last_not_of(blank) + 1 - first));
       }
       while (!tokens.empty() && tokens.back().empty()) tokens.pop_back();
-      if (static_cast<int64_t>(tokens.size()) != m.stem.vocab_size)
+      if (static_cast<int64_t>(tokens.size()) != m.stem.vocab_size && c.bad_values == 0)
         c.err(vocab + ": " + std::to_string(tokens.size()) + " tokens, but config.json's vocab_size is " +
               std::to_string(m.stem.vocab_size) + " (the protein plugin gives ESM-2's 33-token alphabet)");
       for (size_t i = 0; i < tokens.size() && i < esm2_alphabet().size(); ++i)
@@ -748,8 +816,9 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     ok = common(NormPlacement::pre, "layer_norm_eps", 1e-12);
     const std::string p = base_prefix("embeddings.patch_embeddings.projection.weight");
     ok = activation_of(c, cfg_path, "hidden_act", J.s("hidden_act", "gelu"), &m.activation) && ok;
-    const int64_t patch = J.i("patch_size", 16), fs_ = J.i("frequency_stride", 10), ts = J.i("time_stride", 10);
-    const int64_t mels = J.i("num_mel_bins", 128), frames = J.i("max_length", 1024);
+    const int64_t patch = J.i("patch_size", 16, 1, bound::kPatch), fs_ = J.i("frequency_stride", 10, 1, bound::kPatch),
+                  ts = J.i("time_stride", 10, 1, bound::kPatch);
+    const int64_t mels = J.i("num_mel_bins", 128, 1, bound::kMels), frames = J.i("max_length", 1024, 1, bound::kPositions);
     if (fs_ != ts)
       c.err(cfg_path + ": frequency_stride " + std::to_string(fs_) + " differs from time_stride " + std::to_string(ts) +
             " (the audio plugin cuts patches with one stride)");
@@ -759,7 +828,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     }
     const int64_t fp = (mels - patch) / fs_ + 1, tp = (frames - patch) / ts + 1;
     m.final_norm = true;
-    m.d_ff = J.i("intermediate_size");
+    m.d_ff = J.i("intermediate_size", std::nullopt, 1, bound::kFf);
     m.positions.kind = PositionKind::learned;
     m.positions.max_len = fp * tp + 2;
     m.stem.kind = StemKind::features;
@@ -788,25 +857,27 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
         read_json(c, "preprocessor_config.json", &pp)) {
       const std::string pf = c.at("preprocessor_config.json");
       const Json P{&c, &pp, pf};
-      const int64_t pf_frames = P.i("max_length", frames);
-      if (pf_frames != frames)
+      const int64_t pf_frames = P.i("max_length", frames, 1, bound::kPositions);
+      if (pf_frames != frames && c.bad_values == 0)
         c.err(pf + ": max_length " + std::to_string(pf_frames) + " frames, but config.json's max_length is " +
               std::to_string(frames));
-      if (P.i("num_mel_bins", mels) != mels)
-        c.err(pf + ": num_mel_bins " + std::to_string(P.i("num_mel_bins", mels)) + " but config.json's is " +
+      const int64_t pf_mels = P.i("num_mel_bins", mels, 1, bound::kMels);
+      if (pf_mels != mels && c.bad_values == 0)
+        c.err(pf + ": num_mel_bins " + std::to_string(pf_mels) + " but config.json's is " +
               std::to_string(mels));
-      if (P.i("sampling_rate", 16000) != 16000) c.err(pf + ": sampling_rate other than 16000 is not implemented");
+      if (P.i("sampling_rate", 16000, 1, bound::kRate) != 16000) c.err(pf + ": sampling_rate other than 16000 is not implemented");
       po.emplace_back("target_frames", std::to_string(frames));
       if (P.b("do_normalize", true)) {
-        po.emplace_back("ast_mean", fmt(P.f("mean", -4.2677393)));
-        po.emplace_back("ast_std", fmt(P.f("std", 4.5689974)));
+        po.emplace_back("ast_mean", fmt(P.f("mean", -4.2677393, -1e6, 1e6)));
+        po.emplace_back("ast_std", fmt(P.f("std", 4.5689974, 0.0, 1e6, true)));
       } else {  // (x - 0) / (2 · 0.5) leaves the features as they are
         po.emplace_back("ast_mean", "0");
         po.emplace_back("ast_std", "0.5");
       }
     }
   }
-  if (!ok || C <= 0) return std::nullopt;
+  // A size of a wrong type or out of range has been named once; the tensors would only repeat it.
+  if (!ok || C <= 0 || c.bad_values > 0) return std::nullopt;
   const TensorMap tmap = tensor_map(type, m, layout);
   const std::map<std::string, Entry>& map = tmap.entries;
   if (m.head.kind == HeadKind::lm && m.head.tied) ignorable.insert(tmap.tied_decoder);
@@ -816,6 +887,8 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       "the weights do not fit config.json (hidden size, heads, layers, intermediate size, vocabulary, image or "
       "patch size): use the config.json that was saved with them";
   if (weights_ok) {
+    Capped missing{&c, "missing tensors"}, misshaped{&c, "tensors of the wrong shape"},
+        unexpected_n{&c, "unexpected tensors"};
     for (const ParamSpec& s : parameter_specs(m)) {
       auto e = map.find(s.name);
       if (e == map.end()) {
@@ -831,14 +904,14 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       const std::string hf = resolve_name(st, en.hf);
       const safetensors::TensorInfo* info = st.info(hf);
       if (!info) {
-        c.err("missing tensor \"" + en.hf + "\" " + want_hf.str() + " (for " + s.name + ")",
+        missing.err("missing tensor \"" + en.hf + "\" " + want_hf.str() + " (for " + s.name + ")",
               "is the checkpoint complete, and of the class config.json names?");
         continue;
       }
       st.used.insert(hf);
       const std::string file = st.file_name(hf);
       if (info->shape != want_hf) {
-        c.err(file + ": tensor \"" + hf + "\" has shape " + info->shape.str() + " but config.json implies " +
+        misshaped.err(file + ": tensor \"" + hf + "\" has shape " + info->shape.str() + " but config.json implies " +
                   want_hf.str(),
               shape_hint);
         continue;
@@ -867,7 +940,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
                       [&](const std::string& pre) { return starts_with(name, pre); }))
         continue;
       const safetensors::TensorInfo* info = st.info(name);
-      c.err(st.file_name(name) + ": unexpected tensor \"" + name + "\" " + info->shape.str() + ": a " + type +
+      unexpected_n.err(st.file_name(name) + ": unexpected tensor \"" + name + "\" " + info->shape.str() + ": a " + type +
                 " model of this config.json has no such parameter",
             "is config.json the one saved with these weights (num_hidden_layers, architectures)?");
     }
