@@ -4,8 +4,8 @@
 // Each import runs in a child process under an address-space limit (its current size + 1 GiB), so
 // that what used to abort, overflow the stack or allocate gigabytes shows up here as a failed
 // expectation ("child died of signal 6") rather than taking the suite down.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,8 +37,8 @@ struct Child {
   int code = -1;        // its exit status, or the signal
   std::string out;
   std::string why() const {
-    return exited ? "exit " + std::to_string(code) : "child died of signal " + std::to_string(code) + " (" +
-                                                         strsignal(code) + ")";
+    return exited ? "exit " + std::to_string(code)
+                  : "child died of signal " + std::to_string(code) + " (" + strsignal(code) + ")";
   }
 };
 
@@ -55,7 +55,8 @@ Child in_child(const std::function<std::string()>& fn) {
       if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
       std::fclose(f);
     }
-    const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (1ull << 30);
+    const rlim_t limit =
+        static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (1ull << 30);
     rlimit rl{limit, limit};
     setrlimit(RLIMIT_AS, &rl);
     // An exception must not unwind into the forked copy of gtest (it would go on running tests):
@@ -154,36 +155,43 @@ void expect_refused(const Import& r, const std::string& what, bool once = true) 
 TEST(HostileHf, ModulesJsonOfTheWrongShape) {
   Folder f("bert", "modules");
   f.write("modules.json", "[1,2,3]");  // used to end in nlohmann's type_error 306 (abort)
-  expect_refused(import(f), f.path("modules.json") + ": expected each module to be an object with \"type\" and "
-                            "\"path\", found 1");
+  expect_refused(import(f), f.path("modules.json") +
+                                ": expected each module to be an object with \"type\" and "
+                                "\"path\", found 1");
   f.write("modules.json", "{\"a\": 1}");  // used to be ignored: no pooling, silently the CLS pooler
   expect_refused(import(f), f.path("modules.json") + ": expected a JSON array of modules");
   f.write("modules.json", R"([{"type": 5, "path": "1_Pooling"}])");  // type_error 302 (abort)
   expect_refused(import(f), f.path("modules.json") + ": key \"type\": expected a string, found 5");
   f.write("modules.json", R"([{"type": "sentence_transformers.models.Pooling", "path": {"a": [1]}}])");
-  expect_refused(import(f), f.path("modules.json") + ": key \"path\": expected a string, found an object with 1 key",
+  expect_refused(import(f),
+                 f.path("modules.json") + ": key \"path\": expected a string, found an object with 1 key",
                  false);
 }
 
 TEST(HostileHf, PoolingConfigOfTheWrongShape) {
   Folder f("bert", "pooling");
   f.set("1_Pooling/config.json", "pooling_mode_mean_tokens", "yes");  // type_error 302 (abort)
-  expect_refused(import(f), f.path("1_Pooling/config.json") + ": key \"pooling_mode_mean_tokens\": expected true or "
-                            "false, found \"yes\"",
+  expect_refused(import(f),
+                 f.path("1_Pooling/config.json") +
+                     ": key \"pooling_mode_mean_tokens\": expected true or "
+                     "false, found \"yes\"",
                  false);
   f.write("1_Pooling/config.json", "[1,2,3]");
-  expect_refused(import(f), f.path("1_Pooling/config.json") + ": expected a JSON object at the top, found an array "
-                            "of 3 values");
+  expect_refused(import(f), f.path("1_Pooling/config.json") +
+                                ": expected a JSON object at the top, found an array "
+                                "of 3 values");
 }
 
 TEST(HostileHf, SentenceBertConfigOfTheWrongShape) {
   Folder f("bert", "sbert");
   f.set("sentence_bert_config.json", "do_lower_case", "no");  // type_error 302 (abort)
-  expect_refused(import(f), "sentence_bert_config.json: key \"do_lower_case\": expected true or false, found \"no\"");
+  expect_refused(import(f),
+                 "sentence_bert_config.json: key \"do_lower_case\": expected true or false, found \"no\"");
   f.set("sentence_bert_config.json", "do_lower_case", false);
   f.set("sentence_bert_config.json", "max_seq_length", json{{"a", 64}});  // used to be ignored
-  expect_refused(import(f), "sentence_bert_config.json: key \"max_seq_length\": expected an integer in [1, 1048576], "
-                            "found an object with 1 key");
+  expect_refused(import(f),
+                 "sentence_bert_config.json: key \"max_seq_length\": expected an integer in [1, 1048576], "
+                 "found an object with 1 key");
   f.write("sentence_bert_config.json", "[1,2,3]");
   expect_refused(import(f), "sentence_bert_config.json: expected a JSON object at the top");
 }
@@ -194,8 +202,9 @@ TEST(HostileHf, PreprocessorConfigOfTheWrongShape) {
   expect_refused(import(f), ": size: key \"height\": expected an integer in [1, 16384], found \"32\"");
   f.set("preprocessor_config.json", "size", json{{"height", 32}, {"width", 32}});
   f.set("preprocessor_config.json", "image_mean", json{"a", 0.5, 0.5});  // type_error 302 (abort)
-  expect_refused(import(f), "preprocessor_config.json: key \"image_mean\": expected one or three finite numbers, "
-                            "found \"a\"");
+  expect_refused(import(f),
+                 "preprocessor_config.json: key \"image_mean\": expected one or three finite numbers, "
+                 "found \"a\"");
   f.set("preprocessor_config.json", "image_mean", json{0.5, 0.5, 0.5});
   f.set("preprocessor_config.json", "image_std", json{0.5, 0, 0.5});  // a zero std divides by zero
   expect_refused(import(f), "key \"image_std\": expected one or three finite numbers above 0, found 0");
@@ -203,8 +212,9 @@ TEST(HostileHf, PreprocessorConfigOfTheWrongShape) {
   expect_refused(import(f), "preprocessor_config.json: expected a JSON object at the top");
   Folder a("ast", "pre_ast");
   a.set("preprocessor_config.json", "max_length", json::array({json::array({1})}));
-  expect_refused(import(a), "preprocessor_config.json: key \"max_length\": expected an integer in [1, 1048576], "
-                            "found an array of 1 value");
+  expect_refused(import(a),
+                 "preprocessor_config.json: key \"max_length\": expected an integer in [1, 1048576], "
+                 "found an array of 1 value");
 }
 
 TEST(HostileHf, ConfigJsonOfTheWrongShape) {
@@ -213,12 +223,14 @@ TEST(HostileHf, ConfigJsonOfTheWrongShape) {
   expect_refused(import(f), "config.json: expected a JSON object at the top, found an array of 3 values");
   Folder g("bert", "config2");
   g.set("config.json", "hidden_size", json{{"a", json{{"b", 1}}}});
-  expect_refused(import(g), "config.json: key \"hidden_size\": expected an integer in [1, 65536], found an object "
-                            "with 1 key");
+  expect_refused(import(g),
+                 "config.json: key \"hidden_size\": expected an integer in [1, 65536], found an object "
+                 "with 1 key");
   Folder h("esm", "config3");
   h.set("config.json", "intermediate_size", "64");  // used to go on with 0 and list every tensor
-  expect_refused(import(h), "config.json: key \"intermediate_size\": expected an integer in [1, 1048576], found "
-                            "\"64\"");
+  expect_refused(import(h),
+                 "config.json: key \"intermediate_size\": expected an integer in [1, 1048576], found "
+                 "\"64\"");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,21 +249,25 @@ TEST(HostileHf, AMillionDeepValueIsRefusedByTheDepthLimit) {
 TEST(HostileHf, LayersFarOutOfRangeFailOnceWithoutAllocating) {
   Folder f("bert", "layers40");
   f.set("config.json", "num_hidden_layers", 1ll << 40);  // used to allocate 7.8 GB (here: bad_alloc, abort)
-  expect_refused(import(f), "config.json: key \"num_hidden_layers\": expected an integer in [1, 1024], found "
-                            "1099511627776");
+  expect_refused(import(f),
+                 "config.json: key \"num_hidden_layers\": expected an integer in [1, 1024], found "
+                 "1099511627776");
   Folder g("gpt2", "layers1e5");
   g.set("config.json", "n_layer", 100000);  // used to print 1.6 million messages
   expect_refused(import(g), "config.json: key \"n_layer\": expected an integer in [1, 1024], found 100000");
   Folder h("esm", "vocab40");
   h.set("config.json", "vocab_size", 1ll << 40);
-  expect_refused(import(h), "config.json: key \"vocab_size\": expected an integer in [1, 16777216], found "
-                            "1099511627776");
+  expect_refused(import(h),
+                 "config.json: key \"vocab_size\": expected an integer in [1, 16777216], found "
+                 "1099511627776");
   Folder v("vit", "image");
   v.set("config.json", "image_size", 1ll << 32);
-  expect_refused(import(v), "config.json: key \"image_size\": expected an integer in [1, 16384], found 4294967296");
+  expect_refused(import(v),
+                 "config.json: key \"image_size\": expected an integer in [1, 16384], found 4294967296");
   Folder a("ast", "heads");
   a.set("config.json", "num_attention_heads", -4);
-  expect_refused(import(a), "config.json: key \"num_attention_heads\": expected an integer in [1, 1024], found -4");
+  expect_refused(import(a),
+                 "config.json: key \"num_attention_heads\": expected an integer in [1, 1024], found -4");
 }
 
 TEST(HostileHf, ManyMissingTensorsAreListedOnceEachUpToACap) {
@@ -276,7 +292,8 @@ TEST(HostileHf, AConfigJsonOfThreeGibibytesIsRefusedWithoutReadingIt) {
     close(fd);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  expect_refused(import(f), f.path("config.json") + ": 3221225472 bytes is too large for a JSON settings file");
+  expect_refused(import(f),
+                 f.path("config.json") + ": 3221225472 bytes is too large for a JSON settings file");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 1.0) << "a refusal by size must not read the file";
 }
@@ -287,8 +304,9 @@ TEST(HostileHf, LayerNormEpsMustBeFiniteAndPositive) {
     json j = f.read("config.json");
     j["layer_norm_eps"] = json::parse(v);
     f.write("config.json", j.dump());
-    expect_refused(import(f), "config.json: key \"layer_norm_eps\": expected a finite number in (0, 1], found " +
-                                  jsonfile::brief(j["layer_norm_eps"]));
+    expect_refused(import(f),
+                   "config.json: key \"layer_norm_eps\": expected a finite number in (0, 1], found " +
+                       jsonfile::brief(j["layer_norm_eps"]));
   }
   Folder f("gpt2", "eps_big");
   json j = f.read("config.json");
@@ -319,7 +337,8 @@ TEST(HostileSafetensors, DeepNestingIsRefusedAtItsByte) {
   const std::string header = R"({"w":)" + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}";
   const Child c = open_header(header);
   EXPECT_TRUE(c.exited && c.code == 0) << c.why();
-  EXPECT_EQ(c.out.rfind("bad.safetensors: header refused: nesting deeper than 4 levels at byte 16", 0), 0u) << c.out;
+  EXPECT_EQ(c.out.rfind("bad.safetensors: header refused: nesting deeper than 4 levels at byte 16", 0), 0u)
+      << c.out;
 }
 
 TEST(HostileSafetensors, AHeaderOfSmallArraysUnderTheLengthLimitIsRefusedByItsMemory) {
@@ -333,14 +352,18 @@ TEST(HostileSafetensors, AHeaderOfSmallArraysUnderTheLengthLimitIsRefusedByItsMe
   const Child c = open_header(header);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(c.exited && c.code == 0) << c.why();
-  EXPECT_EQ(c.out.rfind("bad.safetensors: header refused: parsing it would take more than 512 MiB of memory", 0), 0u)
+  EXPECT_EQ(
+      c.out.rfind("bad.safetensors: header refused: parsing it would take more than 512 MiB of memory", 0),
+      0u)
       << c.out;
   EXPECT_LT(s, 2.0);
   // The rule is the estimate, not the length: a header a third the size passes the pre-scan.
   jsonfile::Scan scan;
   const std::string small = R"({"w":[)" + std::string(1000, '[') + "]}";
-  EXPECT_EQ(jsonfile::prescan(small, jsonfile::Limits{1 << 20, 4, 1 << 20}, 8, &scan).rfind("nesting deeper than 4 "
-                                                                                          "levels at byte 16", 0),
+  EXPECT_EQ(jsonfile::prescan(small, jsonfile::Limits{1 << 20, 4, 1 << 20}, 8, &scan)
+                .rfind("nesting deeper than 4 "
+                       "levels at byte 16",
+                       0),
             0u);
   std::string ok_header = R"({"w":[)";
   for (int i = 0; i < 1000; ++i) ok_header += "[],";

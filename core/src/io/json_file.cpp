@@ -56,7 +56,8 @@ std::string prescan(std::string_view text, const Limits& lim, uint64_t base, Sca
       case '{':
         if (++depth > lim.max_depth)
           return "nesting deeper than " + std::to_string(lim.max_depth) + " levels at byte " +
-                 std::to_string(base + i) + " (arrays and objects inside one another; the limit keeps a hostile file "
+                 std::to_string(base + i) +
+                 " (arrays and objects inside one another; the limit keeps a hostile file "
                  "from exhausting the stack or memory)";
         if (depth > s.depth) s.depth = depth;
         cost += 64;
@@ -65,13 +66,19 @@ std::string prescan(std::string_view text, const Limits& lim, uint64_t base, Sca
       case '}':
         if (depth > 0) --depth;  // unbalanced text is the parser's to report, with line and column
         break;
-      case ',': cost += 16; break;
-      case ':': cost += 80; break;
-      default: break;
+      case ',':
+        cost += 16;
+        break;
+      case ':':
+        cost += 80;
+        break;
+      default:
+        break;
     }
     if (cost > lim.max_tree_bytes)
       return "parsing it would take more than " + mib(lim.max_tree_bytes) + " of memory (estimated at byte " +
-             std::to_string(base + i) + ": 16 bytes a value, 64 more an array or object, 80 more an object member)";
+             std::to_string(base + i) +
+             ": 16 bytes a value, 64 more an array or object, 80 more an object member)";
   }
   s.tree_bytes = cost;
   if (scan) *scan = s;
@@ -90,8 +97,8 @@ Result<nlohmann::json> parse(std::string_view text, const std::string& label, co
     std::string what = e.what();
     const auto p = what.find("parse error");
     if (p != std::string::npos) what = what.substr(p);
-    return Status::ParseError(label + ":" + std::to_string(line) + ":" + std::to_string(col) + ": not valid JSON (" +
-                              what + ")");
+    return Status::ParseError(label + ":" + std::to_string(line) + ":" + std::to_string(col) +
+                              ": not valid JSON (" + what + ")");
   } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range 406: a number beyond a double (1e400)
     std::string what = e.what();
     const auto p = what.find("] ");
@@ -112,8 +119,10 @@ Result<nlohmann::json> read(const std::string& path, const Limits& lim) {
   if (!S_ISREG(st.st_mode)) return Status::IoError(path + ": not a regular file");
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size > lim.max_bytes)
-    return Status::OutOfRange(path + ": " + std::to_string(size) + " bytes is too large for a JSON settings file (the "
-                              "limit is " + std::to_string(lim.max_bytes) + " bytes; such files are kilobytes)");
+    return Status::OutOfRange(path + ": " + std::to_string(size) +
+                              " bytes is too large for a JSON settings file (the "
+                              "limit is " +
+                              std::to_string(lim.max_bytes) + " bytes; such files are kilobytes)");
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::IoError(path + ": cannot be read: " + std::strerror(errno));
   std::string text;
@@ -126,10 +135,13 @@ Result<nlohmann::json> read(const std::string& path, const Limits& lim) {
 
 std::string brief(const nlohmann::json& v) {
   switch (v.type()) {
-    case nlohmann::json::value_t::null: return "null";
-    case nlohmann::json::value_t::boolean: return v.get<bool>() ? "true" : "false";
+    case nlohmann::json::value_t::null:
+      return "null";
+    case nlohmann::json::value_t::boolean:
+      return v.get<bool>() ? "true" : "false";
     case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned: return v.dump();
+    case nlohmann::json::value_t::number_unsigned:
+      return v.dump();
     case nlohmann::json::value_t::number_float: {
       const double d = v.get<double>();
       if (!std::isfinite(d)) return "a number that is not finite";
@@ -140,8 +152,8 @@ std::string brief(const nlohmann::json& v) {
     }
     case nlohmann::json::value_t::string: {
       const std::string& s = v.get_ref<const std::string&>();
-      std::string q = nlohmann::json(s.size() > 60 ? s.substr(0, 60) : s).dump(-1, ' ', false,
-                                                                              nlohmann::json::error_handler_t::replace);
+      std::string q = nlohmann::json(s.size() > 60 ? s.substr(0, 60) : s)
+                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       if (s.size() > 60) q.insert(q.size() - 1, "...");
       return q;
     }
@@ -149,7 +161,8 @@ std::string brief(const nlohmann::json& v) {
       return "an array of " + std::to_string(v.size()) + (v.size() == 1 ? " value" : " values");
     case nlohmann::json::value_t::object:
       return "an object with " + std::to_string(v.size()) + (v.size() == 1 ? " key" : " keys");
-    default: return std::string("a JSON ") + v.type_name();
+    default:
+      return std::string("a JSON ") + v.type_name();
   }
 }
 
