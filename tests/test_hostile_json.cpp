@@ -270,6 +270,17 @@ TEST(HostileHf, LayersFarOutOfRangeFailOnceWithoutAllocating) {
                  "config.json: key \"num_attention_heads\": expected an integer in [1, 1024], found -4");
 }
 
+TEST(HostileHf, AnImageSizeOptionFarOutOfRangeFailsOnceWithoutAllocating) {
+  // The plugin's image_size resizes the position grid during the import: 2^40 rows used to be
+  // allocated (here: bad_alloc, abort).
+  Folder f("vit", "optsize");
+  hf::ImportOptions opt;
+  opt.image_size = {1ll << 40, 32};
+  expect_refused(import(f, opt), "the image plugin's image_size 1099511627776x32: expected each side in [");
+  opt.image_size = {-64, 32};
+  expect_refused(import(f, opt), "the image plugin's image_size -64x32: expected each side in [");
+}
+
 TEST(HostileHf, ManyMissingTensorsAreListedOnceEachUpToACap) {
   Folder f("bert", "layers1000");
   f.set("config.json", "num_hidden_layers", 1000);  // in range: 997 layers of 16 tensors are missing

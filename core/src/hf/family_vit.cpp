@@ -35,6 +35,17 @@ bool read_vit(Build& b) {
   }
   grid.gh = ih / patch;
   grid.gw = iw / patch;
+  // Another size resizes the position table to (1 + gh·gw, C) here, before any memory plan: the
+  // sides and the cells are bounded first (a 4096 x 4096 image in 16-pixel patches is 65536).
+  if (ih < patch || iw < patch || ih > bound::kImage || iw > bound::kImage ||
+      grid.gh * grid.gw > bound::kGridCells) {
+    c.err("the image plugin's image_size " + std::to_string(ih) + "x" + std::to_string(iw) +
+              ": expected each side in [" + std::to_string(patch) + " (patch_size), " +
+              std::to_string(bound::kImage) + "] and at most " + std::to_string(bound::kGridCells) +
+              " patches",
+          "set a smaller image_size for the image plugin, or leave it out to use config.json's");
+    return false;
+  }
   if (grid.gh != grid.g0 || grid.gw != grid.g0) {
     // transformers 4.40: scale factors (side + 0.1) / grid, so that floor() lands on the side.
     grid.scale_h = (static_cast<double>(grid.gh) + 0.1) / static_cast<double>(grid.g0);

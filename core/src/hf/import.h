@@ -62,6 +62,7 @@ constexpr int64_t kPositions = 1 << 20;  // max_position_embeddings, n_positions
 constexpr int64_t kVocab = 1 << 24;      // vocab_size, token ids
 constexpr int64_t kTypes = 1024;         // type_vocab_size
 constexpr int64_t kImage = 16384;        // image_size, the processor's height and width
+constexpr int64_t kGridCells = 1 << 16;  // ViT patches of an image_size other than config.json's
 constexpr int64_t kPatch = 1024;         // patch_size, strides
 constexpr int64_t kChannels = 64;        // num_channels
 constexpr int64_t kMels = 4096;          // num_mel_bins
