@@ -309,6 +309,19 @@ TEST(HostileHf, AConfigJsonOfThreeGibibytesIsRefusedWithoutReadingIt) {
   EXPECT_LT(s, 1.0) << "a refusal by size must not read the file";
 }
 
+TEST(HostileHf, AnEsmVocabularyOfThreeGibibytesIsRefusedWithoutReadingIt) {
+  Folder f("esm", "hugevocab");
+  {
+    const int fd = open(f.path("vocab.txt").c_str(), O_WRONLY | O_TRUNC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 3ll << 30), 0);  // one 3 GiB line of zero bytes, read whole (bad_alloc) before
+    close(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_refused(import(f), f.path("vocab.txt") + ": 3221225472 bytes is more than the 1048576-byte limit");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+}
+
 TEST(HostileHf, LayerNormEpsMustBeFiniteAndPositive) {
   for (const char* v : {"0", "-1e-12", "\"NaN\"", "2"}) {
     Folder f("bert", "eps");

@@ -56,7 +56,15 @@ bool read_esm(Build& b) {
   po.emplace_back("tokenizer", "esm");
   po.emplace_back("uppercase", "false");  // EsmTokenizer has no lower-case tokens
   const std::string vocab = b.tok_file("vocab.txt", "the ESM alphabet");
-  if (!vocab.empty()) {
+  std::error_code ec;
+  const uintmax_t vocab_bytes = vocab.empty() ? 0 : fs::file_size(vocab, ec);
+  constexpr uintmax_t kMaxVocabBytes = 1 << 20;  // ESM-2's alphabet is 33 short lines
+  if (!vocab.empty() && (ec || vocab_bytes > kMaxVocabBytes)) {
+    c.err(vocab + ": " +
+          (ec ? "cannot be read: " + ec.message()
+              : std::to_string(vocab_bytes) + " bytes is more than the " + std::to_string(kMaxVocabBytes) +
+                    "-byte limit for an ESM alphabet"));
+  } else if (!vocab.empty()) {
     std::ifstream in(vocab);
     // As EsmTokenizer reads it: one token a line, stripped; trailing blank lines aside.
     std::vector<std::string> tokens;
