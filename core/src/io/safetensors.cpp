@@ -27,7 +27,7 @@ using nlohmann::json;
 // estimate of json_file.h): an ordinary header costs 6-11 bytes a byte of text, so that is a header
 // of 50 MB or more, hundreds of thousands of tensors; a header of small arrays under the 100 MB
 // length limit would otherwise take gigabytes.
-constexpr jsonfile::Limits kHeaderLimits{kMaxHeaderBytes, 4, 512ull << 20};
+constexpr jsonfile::Limits kHeaderLimits{kMaxHeaderBytes, kMaxHeaderDepth, kMaxHeaderTreeBytes};
 
 struct DTypeSpec {
   const char* name;
