@@ -226,6 +226,9 @@ TEST(HostileHf, ConfigJsonOfTheWrongShape) {
   expect_refused(import(g),
                  "config.json: key \"hidden_size\": expected an integer in [1, 65536], found an object "
                  "with 1 key");
+  Folder t("gpt2", "type");
+  t.set("config.json", "model_type", json::array({"gpt2"}));
+  expect_refused(import(t), "config.json: key \"model_type\": expected a string, found an array of 1 value");
   Folder h("esm", "config3");
   h.set("config.json", "intermediate_size", "64");  // used to go on with 0 and list every tensor
   expect_refused(import(h),
