@@ -33,7 +33,11 @@
 // missing or malformed config.json (with line and column), an unknown model_type (naming the known
 // families), settings Tessera does not implement, missing tokenizer or preprocessor files, and
 // every missing, unexpected or mis-shaped tensor with its expected and found shapes — all of them
-// in one pass.
+// in one pass (the first 24 of each kind, then a count). Every JSON file of the folder is read
+// within limits checked before it is read or parsed (64 MiB, 64 levels of nesting, 512 MiB of
+// parsed tree), and every key through a typed, ranged accessor: a wrong type or a size out of its
+// documented range (docs/MODELS.md, "Limits") is named once with the file, key, expected and found
+// value, and stops the import before the tensors are checked.
 #pragma once
 
 #include <optional>

@@ -12,6 +12,11 @@
 // "__metadata__" map of string to string.
 // Rules checked on open, each failure naming the file, the tensor and the rule:
 //   - the file holds at least 8 bytes; N is at most kMaxHeaderBytes and fits in the file;
+//   - before it is parsed, the header nests at most kMaxHeaderDepth (4) arrays and objects and
+//     its parsed tree would take at most kMaxHeaderTreeBytes (512 MiB, estimated from the text:
+//     16 bytes a value, 64 more an array or object, 80 more an object member, long strings their
+//     length; ordinary headers cost 6-11 bytes a byte, so this is a header of 50 MB or more);
+//     a refusal names the file byte: "header refused: nesting deeper than 4 levels at byte 16";
 //   - the header is valid JSON, an object, starts with '{'; no duplicate keys;
 //   - every entry has exactly dtype, shape and data_offsets with the right JSON types;
 //     dtype is one the format defines; shape entries are non-negative integers;
@@ -38,6 +43,8 @@
 namespace tessera::safetensors {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's bound
+constexpr int kMaxHeaderDepth = 4;                  // file, entry, shape, and one more to name it
+constexpr uint64_t kMaxHeaderTreeBytes = 512ull << 20;
 
 struct TensorInfo {
   std::string name;

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "io/json_file.h"
 #include "mapping.h"
 #include "tessera/fileio.h"
 #include "tessera/hf.h"
@@ -28,6 +29,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+// A settings file of the folder the model came from, read within jsonfile's limits (size, depth,
+// memory; import_folder has read it the same way); null when it is not there or not readable.
+json source_json(const ModelConfig& m, const char* name) {
+  Result<json> r = jsonfile::read((fs::path(m.path) / name).string(), jsonfile::kSettings);
+  return r.ok() ? std::move(r).value() : json();
+}
 
 // What the refusals say about why a YAML model was taken for a family.
 const char* why_family(const std::string& f) {
@@ -252,10 +260,7 @@ bool plan_export(const Experiment& exp, Diagnostics* d, Plan* plan) {
       k.no("model.stem.n_features", std::to_string(m.stem.n_features) + " is not p·p: AST's patches are p × p spectrogram cells");
     // The grid of patches: frequency × time, from the audio plugin (or the folder it came from).
     json src;
-    if (m.source == ModelSource::hf) {
-      std::ifstream in(fs::path(m.path) / "config.json");
-      src = json::parse(in, nullptr, false);
-    }
+    if (m.source == ModelSource::hf) src = source_json(m, "config.json");
     // The plugin's value, or its ast recipe's default (n_mels 0: 128; target_frames -1: 1024).
     const bool ast_recipe = plugin_option(exp, "audio", "recipe") == "ast";
     auto from = [&](const char* plugin_key, const char* hf_key, int64_t recipe_default) -> int64_t {
@@ -316,9 +321,8 @@ json labels_json(const ModelConfig& m, json* label2id) {
 json config_json(const ModelConfig& m, const Plan& p) {
   json c = json::object();
   if (m.source == ModelSource::hf) {  // keep what Tessera does not model (token ids, dropout, ...)
-    std::ifstream in(fs::path(m.path) / "config.json");
-    json src = json::parse(in, nullptr, false);
-    if (src.is_object()) c = src;
+    json src = source_json(m, "config.json");
+    if (src.is_object()) c = std::move(src);
   }
   for (const char* stale : {"_name_or_path", "transformers_version", "id2label", "label2id", "num_labels"}) c.erase(stale);
   c["architectures"] = json::array({p.hf_class});
@@ -536,9 +540,8 @@ Status side_files(const Experiment& exp, const Plan& p, const fs::path& dir, Exp
                            " has no Hugging Face equivalent");
     json pc = json::object();
     if (m.source == ModelSource::hf) {
-      std::ifstream in(fs::path(m.path) / "preprocessor_config.json");
-      json src = json::parse(in, nullptr, false);
-      if (src.is_object()) pc = src;
+      json src = source_json(m, "preprocessor_config.json");
+      if (src.is_object()) pc = std::move(src);
     }
     if (!pc.contains("image_processor_type")) pc["image_processor_type"] = "ViTImageProcessor";
     pc["do_resize"] = true;

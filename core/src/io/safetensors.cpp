@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_file.h"
+
 namespace tessera::safetensors {
 
 static_assert(std::endian::native == std::endian::little, "safetensors is little-endian; so is this reader");
@@ -19,6 +21,13 @@ static_assert(std::endian::native == std::endian::little, "safetensors is little
 namespace {
 
 using nlohmann::json;
+
+// A header is an object of entries {dtype, shape: [..], data_offsets: [..]}: three levels deep; four
+// lets "shape entry 0 is a JSON array" be said. Its parsed tree may take at most 512 MiB (the
+// estimate of json_file.h): an ordinary header costs 6-11 bytes a byte of text, so that is a header
+// of 50 MB or more, hundreds of thousands of tensors; a header of small arrays under the 100 MB
+// length limit would otherwise take gigabytes.
+constexpr jsonfile::Limits kHeaderLimits{kMaxHeaderBytes, kMaxHeaderDepth, kMaxHeaderTreeBytes};
 
 struct DTypeSpec {
   const char* name;
@@ -139,6 +148,8 @@ class Parser {
     std::vector<std::set<std::string>> seen;  // keys of the open objects, by depth
     std::vector<std::string> path;            // the key being read at each depth
     std::optional<std::string> duplicate;
+    if (std::string why = jsonfile::prescan(text, kHeaderLimits, 8); !why.empty())
+      return fail("header refused: " + why + " (the file is corrupt, hostile or not safetensors)");
     auto check_keys = [&](int depth, json::parse_event_t event, json& parsed) {
       const auto d = static_cast<size_t>(depth);
       if (event == json::parse_event_t::object_start) {
@@ -164,6 +175,11 @@ class Parser {
       if (colon != std::string::npos) why = why.substr(colon + 2);
       return fail("header is not valid JSON at file byte " + std::to_string(8 + e.byte - 1) + ": " + why +
                   " (file is corrupt or not safetensors)");
+    } catch (const json::exception& e) {  // out_of_range 406: a number beyond a double, such as 1e400
+      std::string why = e.what();
+      const size_t close = why.find("] ");
+      if (close != std::string::npos) why = why.substr(close + 2);
+      return fail("header is not valid JSON for Tessera: " + why + " (file is corrupt or not safetensors)");
     }
     if (duplicate) return fail(*duplicate + " (each tensor name and field may appear once)");
     return header;
