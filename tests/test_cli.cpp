@@ -998,9 +998,10 @@ TEST(Cli, HostileSizesAreRefusedWithTheirLimit) {
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
   EXPECT_FALSE(std::filesystem::exists(out));
-  // 1024 threads are allowed and run.
-  const Ran threads = run_cli("forward " + cfg + " --out " + out + " --set runtime.threads=1024");
-  EXPECT_EQ(threads.code, 0) << threads.err;
+  // Within the limits the same model runs (the limit itself is Config.SizeLimits' to check: 1024
+  // threads would be a burden on a small test machine).
+  const Ran ok = run_cli("forward " + cfg + " --out " + out + " --set runtime.threads=2");
+  EXPECT_EQ(ok.code, 0) << ok.err;
   std::filesystem::remove_all(out);
   std::remove(cfg.c_str());
 }
