@@ -2,7 +2,6 @@
 // and checked, how it is printed, and the defaults and consistency rules that involve several keys.
 // The walk over the YAML tree and the file handling live in loader.cpp.
 #include "config/schema.h"
-#include "tessera/plugins.h"
 
 #include <algorithm>
 #include <charconv>
@@ -18,8 +17,8 @@
 #include <utility>
 
 #include "config/expr.h"
-#include "tessera/hf.h"
 #include "tessera/model.h"
+#include "tessera/plugins.h"
 #include "tessera/random.h"
 
 namespace tessera {
@@ -941,30 +940,35 @@ KeyRule plugins_key() {
             "the modality plugins that turn each item into token rows, in sequence order; each names a plugin "
             "(libtessera_<name>.so on the plugin search path), optionally its file or folder (`path`, relative to "
             "the YAML file), and its options (listed by `tessera plugins --options`)"};
+  // The shape of each entry is checked here; finding and loading the plugins and checking their
+  // options against what each declares is the resolve layer's (core/src/resolve/), which calls
+  // read_plugin_options with the loaded plugin's option list.
   r.read = [](const Node& n, const std::string& key, WalkContext& c) {
     if (!n.is_sequence()) {
       c.error(n, key, "expected a list of plugins (- name: text ...), found " + describe(n));
       return false;
     }
     bool ok = true;
-    std::vector<PluginConfig> out;
+    std::vector<PluginRequest> requests;
     for (size_t i = 0; i < n.items.size(); ++i) {
       const Node& item = *n.items[i];
-      const std::string at = key + "[" + std::to_string(i) + "]";
+      PluginRequest q;
+      q.at = key + "[" + std::to_string(i) + "]";
+      const std::string& at = q.at;
       if (!item.is_map()) {
         c.error(item, at, "expected a mapping (name:, path:, options:), found " + describe(item));
         ok = false;
         continue;
       }
-      PluginConfig pc;
-      pc.where = item.pos.location();
-      const Node* name = nullptr;
-      const Node* path = nullptr;
-      const Node* options = nullptr;
+      q.item = &item;
+      q.config.where = item.pos.location();
       for (const MapEntry& e : item.entries) {
-        if (e.key == "name") name = e.value.get();
-        else if (e.key == "path") path = e.value.get();
-        else if (e.key == "options") options = e.value.get();
+        if (e.key == "name")
+          q.name = e.value.get();
+        else if (e.key == "path")
+          q.path = e.value.get();
+        else if (e.key == "options")
+          q.options = e.value.get();
         else {
           const std::string near = nearest(e.key, {"name", "path", "options"});
           c.error(e.key_pos.location(), at + "." + e.key, "unknown key",
@@ -972,96 +976,36 @@ KeyRule plugins_key() {
           ok = false;
         }
       }
-      if (!name) {
+      if (!q.name) {
         c.error(item, at, "missing key `name`", "add `name: <plugin>` (see `tessera plugins`)");
         ok = false;
         continue;
       }
-      if (!read_string(*name, at + ".name", c, &pc.name)) {
+      if (!read_string(*q.name, at + ".name", c, &q.config.name)) {
         ok = false;
         continue;
       }
-      std::vector<std::string> dirs;
-      std::string file;
-      if (path && !path->is_null()) {
+      if (q.path && !q.path->is_null()) {
         std::string p;
-        if (!read_path(*path, at + ".path", c, true, &p)) {
+        if (!read_path(*q.path, at + ".path", c, true, &p)) {
           ok = false;
           continue;
         }
-        if (std::filesystem::is_directory(p)) dirs.push_back(p);
-        else file = p;
+        if (std::filesystem::is_directory(p))
+          q.dirs.push_back(p);
+        else
+          q.config.file = p;
       }
-      if (file.empty()) {
-        Result<std::string> found = find_plugin(pc.name, dirs);
-        if (!found.ok()) {
-          c.error(*name, at + ".name", found.status().message());
-          ok = false;
-          continue;
-        }
-        file = *found;
-      }
-      Result<std::shared_ptr<const Plugin>> plugin = Plugin::load(file);
-      if (!plugin.ok()) {
-        c.error(path ? *path : *name, at + (path ? ".path" : ".name"), plugin.status().message());
+      if (q.options && !q.options->is_null() && !q.options->is_map()) {
+        c.error(*q.options, at + ".options", "expected a mapping of options, found " + describe(*q.options));
         ok = false;
         continue;
       }
-      if ((*plugin)->name() != pc.name) {
-        c.error(*name, at + ".name", file + " is plugin \"" + (*plugin)->name() + "\", not \"" + pc.name + "\"");
-        ok = false;
-        continue;
-      }
-      pc.file = file;
-      std::map<std::string, std::string> given;
-      std::vector<std::string> known;
-      for (const PluginOptionSpec& o : (*plugin)->options()) known.push_back(o.name);
-      if (options && !options->is_null() && !options->is_map()) {
-        c.error(*options, at + ".options", "expected a mapping of options, found " + describe(*options));
-        ok = false;
-        continue;
-      }
-      for (size_t e = 0; options && options->is_map() && e < options->entries.size(); ++e) {
-        const MapEntry& entry = options->entries[e];
-        const std::string okey = at + ".options." + entry.key;
-        auto spec = std::find_if((*plugin)->options().begin(), (*plugin)->options().end(),
-                                 [&](const PluginOptionSpec& o) { return o.name == entry.key; });
-        if (spec == (*plugin)->options().end()) {
-          const std::string near = nearest(entry.key, known);
-          std::string list;
-          for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-          c.error(entry.key_pos.location(), okey, "unknown option of plugin " + pc.name,
-                  near.empty() ? "its options: " + list : "did you mean `" + near + "`?");
-          ok = false;
-          continue;
-        }
-        std::string value;
-        if (!read_plugin_option(*entry.value, okey, c, *spec, &value)) {
-          ok = false;
-          continue;
-        }
-        given[entry.key] = value;
-        pc.option_where[entry.key] = entry.key_pos.location();
-        c.exp->locations[okey] = entry.key_pos.location();
-      }
-      for (const PluginOptionSpec& o : (*plugin)->options()) {
-        auto g = given.find(o.name);
-        if (g != given.end()) {
-          pc.options.emplace_back(o.name, g->second);
-          pc.option_types.push_back(o.type);
-        } else if (o.default_value) {
-          pc.options.emplace_back(o.name, *o.default_value);
-          pc.option_types.push_back(o.type);
-        } else {
-          c.error(options ? *options : item, at + ".options." + o.name,
-                  "missing option `" + o.name + "` (required by plugin " + pc.name + ": " + o.meaning + ")",
-                  "add `" + o.name + ": <" + option_type_name(o.type) + ">` under options:");
-          ok = false;
-        }
-      }
-      out.push_back(std::move(pc));
+      requests.push_back(std::move(q));
     }
-    if (ok) c.exp->plugins = std::move(out);
+    // The well-formed entries are resolved even when others are not, so that every problem is
+    // reported at once; the experiment gets plugins only when all of them are fine.
+    c.plugin_requests = std::move(requests);
     return ok;
   };
   r.print = [](const Experiment& e) {
@@ -1437,6 +1381,8 @@ void append_train_keys(std::vector<KeyRule>& r) {
 std::string str(int64_t v) { return std::to_string(v); }
 std::string count(int64_t n, const std::string& noun) { return str(n) + " " + noun + (n == 1 ? "" : "s"); }
 
+}  // namespace
+
 // Sizes of a resolved model that no key's bound covers: a Hugging Face folder's (its config.json is
 // not read through the keys' rules, so every size is checked again here), and the products of
 // several keys: the heads' widths, and the parameter count, added up without overflowing. `origin`
@@ -1507,19 +1453,18 @@ bool check_model_sizes(const ModelConfig& m, WalkContext& c, const Location& at,
   return true;
 }
 
-// model.from: hf: the folder gives the model; only name, dtype and head keys may be written beside
-// it, and they override what the folder says. The experiment's plugin of the folder's modality
-// gets the folder's options (vocabulary, image size, mean and std, mel settings) unless the YAML
-// sets them.
-void resolve_hf_model(WalkContext& c) {
-  ModelConfig& m = c.exp->model;
+namespace {
+
+// model.from: hf: the folder gives the model (the resolve layer imports it before resolve() runs);
+// model.path must be given, and only name, dtype, init and head keys may be written beside it.
+void check_hf_keys(WalkContext& c) {
   if (!c.is_given("model.path")) {
     if (!c.is_bad("model.path"))
       c.error(c.where("model.from"), "model.path", "required key is missing (model.from is hf)",
               "add `path: <folder>` under `model:`");
     return;
   }
-  const std::string folder_json = m.path + "/config.json";
+  const std::string folder_json = c.exp->model.path + "/config.json";
   for (const std::string& k : c.given) {
     if (k.rfind("model.", 0) != 0 || k == "model.from" || k == "model.path" || k == "model.name" ||
         k == "model.dtype" || k.rfind("model.head.", 0) == 0 || k.rfind("model.init.", 0) == 0 ||
@@ -1528,114 +1473,12 @@ void resolve_hf_model(WalkContext& c) {
     c.error(c.where(k), k, "is set by " + folder_json + " (model.from is hf)",
             "remove it; beside from: hf only name, dtype, init and head keys may be set");
   }
-  hf::ImportOptions opt;
-  for (const PluginConfig& pc : c.exp->plugins)
-    if (pc.name == "image" && pc.option_where.count("image_size"))
-      for (const auto& [k, v] : pc.options)
-        if (k == "image_size") {
-          std::stringstream ss(v);
-          for (std::string x; std::getline(ss, x, ',');) opt.image_size.push_back(std::stoll(x));
-          if (opt.image_size.size() == 1) opt.image_size.push_back(opt.image_size[0]);
-        }
-  Diagnostics d;
-  std::optional<hf::Folder> f = hf::import_folder(m.path, opt, c.where("model.path"), &d);
-  for (const Diagnostic& x : d.items()) c.error(x.where, x.key, x.problem, x.hint);
-  if (!f) return;
-  // The folder's sizes have not been through the keys' bounds; a model too large for 64-bit sizes
-  // is refused before any of its tensors is shaped.
-  if (!check_model_sizes(f->model, c, c.where("model.path"), m.path + "/config.json sets it to ")) return;
-  ModelConfig user = m;
-  m = f->model;
-  if (c.is_given("model.name")) m.name = user.name;
-  if (c.is_given("model.dtype")) m.dtype = user.dtype;
-  m.init = user.init;  // seeds a new head (below); the folder's own tensors are never initialised
-  const bool kind_changed = c.is_given("model.head.kind") && user.head.kind != m.head.kind;
-  if (kind_changed) {  // keep what still fits the new head: the pooling and pooler of a pooled head
-    const HeadConfig was = m.head;
-    const bool pooled_before = was.kind == HeadKind::pool || was.kind == HeadKind::classifier;
-    m.head = HeadConfig{};
-    m.head.kind = user.head.kind;
-    m.head.pool = pooled_before ? was.pool : m.causal ? PoolKind::last : PoolKind::mean;
-    m.head.pooler = pooled_before && was.pooler;
-    m.head.normalize = was.normalize;
-  }
-#define TSR_HEAD_KEY(field) \
-  if (c.is_given("model.head." #field)) m.head.field = user.head.field;
-  TSR_HEAD_KEY(pool)
-  TSR_HEAD_KEY(normalize)
-  TSR_HEAD_KEY(n_classes)
-  TSR_HEAD_KEY(labels)
-  TSR_HEAD_KEY(tied)
-  TSR_HEAD_KEY(lm_bias)
-  TSR_HEAD_KEY(pooler)
-  TSR_HEAD_KEY(norm)
-  TSR_HEAD_KEY(transform)
-#undef TSR_HEAD_KEY
-  m.notes = f->notes;
-  // Tensors of a head the YAML replaced (a classifier's, when head.kind is pool) are left out.
-  std::set<std::string> wanted;
-  for (const ParamSpec& p : parameter_specs(m)) wanted.insert(p.name);
-  for (auto it = m.weights.imported.begin(); it != m.weights.imported.end();) {
-    if (wanted.count(it->first)) {
-      ++it;
-      continue;
-    }
-    m.notes.push_back(it->second.source + " is not used by the head the YAML chose");
-    it = m.weights.imported.erase(it);
-  }
-  // A head the folder does not have (fine-tuning a new classifier): its tensors are drawn from
-  // model.init (seeded per tensor name), biases zero. Only head tensors: a folder that lacks any
-  // other tensor is still refused.
-  for (const ParamSpec& p : parameter_specs(m)) {
-    if (p.name.rfind("head.", 0) != 0 || m.weights.imported.count(p.name)) continue;
-    Tensor t = Tensor::zeros(p.shape);
-    if (p.init == ParamSpec::Init::ones) t = Tensor::full(p.shape, 1.f);
-    if (p.init == ParamSpec::Init::matrix) {
-      Rng rng(m.init.seed ^ std::hash<std::string>{}(p.name));
-      Tensor w = p.shape.rank() == 1 ? t.reshape({1, p.shape[0]}) : t;
-      init_matrix(w, m.init.scheme, m.init.std, rng);
-    }
-    m.weights.imported[p.name] = {t, "initialised (model.init, seed " + std::to_string(m.init.seed) +
-                                         "): the folder has no " + p.name};
-    m.notes.push_back(p.name + " " + p.shape.str() + ": not in the folder, initialised for training");
-  }
-  if (!c.is_given("plugins") && !c.is_bad("plugins") && !f->plugin.empty()) {
-    // No plugins written: the folder's modality plugin, found on the search path.
-    Result<std::string> found = find_plugin(f->plugin, {});
-    Result<std::shared_ptr<const Plugin>> plugin =
-        found.ok() ? Plugin::load(*found) : Result<std::shared_ptr<const Plugin>>(found.status());
-    if (!plugin.ok()) {
-      c.error(c.where("model.path"), "plugins",
-              "the folder's inputs need the " + f->plugin + " plugin: " + plugin.status().message(),
-              "install it, or list the plugins under `plugins:`");
-    } else {
-      PluginConfig pc;
-      pc.name = f->plugin;
-      pc.file = *found;
-      pc.where = c.where("model.path");
-      for (const PluginOptionSpec& o : (*plugin)->options())
-        if (o.default_value) {
-          pc.options.emplace_back(o.name, *o.default_value);
-          pc.option_types.push_back(o.type);
-        }
-      c.exp->plugins.push_back(std::move(pc));
-      m.notes.push_back("plugin " + f->plugin + " added with the folder's options (no `plugins:` written)");
-    }
-  }
-  for (PluginConfig& pc : c.exp->plugins) {
-    if (pc.name != f->plugin) continue;
-    for (const auto& [k, v] : f->plugin_options) {
-      if (pc.option_where.count(k)) continue;  // the YAML's own choice wins
-      for (auto& [name, value] : pc.options)
-        if (name == k) value = v;
-    }
-  }
 }
 
 void resolve_model(WalkContext& c) {
   ModelConfig& m = c.exp->model;
   if (m.source == ModelSource::hf) {
-    resolve_hf_model(c);
+    check_hf_keys(c);
     return;
   }
   if (c.is_given("model.path"))
@@ -1886,6 +1729,55 @@ void resolve_input(WalkContext& c) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+
+bool read_plugin_options(const PluginRequest& q, const std::vector<PluginOptionSpec>& specs, WalkContext& c,
+                         PluginConfig* pc) {
+  bool ok = true;
+  const std::string& at = q.at;
+  std::map<std::string, std::string> given;
+  std::vector<std::string> known;
+  for (const PluginOptionSpec& o : specs) known.push_back(o.name);
+  const Node* options = q.options;
+  for (size_t e = 0; options && options->is_map() && e < options->entries.size(); ++e) {
+    const MapEntry& entry = options->entries[e];
+    const std::string okey = at + ".options." + entry.key;
+    auto spec = std::find_if(specs.begin(), specs.end(),
+                             [&](const PluginOptionSpec& o) { return o.name == entry.key; });
+    if (spec == specs.end()) {
+      const std::string near = nearest(entry.key, known);
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      c.error(entry.key_pos.location(), okey, "unknown option of plugin " + pc->name,
+              near.empty() ? "its options: " + list : "did you mean `" + near + "`?");
+      ok = false;
+      continue;
+    }
+    std::string value;
+    if (!read_plugin_option(*entry.value, okey, c, *spec, &value)) {
+      ok = false;
+      continue;
+    }
+    given[entry.key] = value;
+    pc->option_where[entry.key] = entry.key_pos.location();
+    c.exp->locations[okey] = entry.key_pos.location();
+  }
+  for (const PluginOptionSpec& o : specs) {
+    auto g = given.find(o.name);
+    if (g != given.end()) {
+      pc->options.emplace_back(o.name, g->second);
+      pc->option_types.push_back(o.type);
+    } else if (o.default_value) {
+      pc->options.emplace_back(o.name, *o.default_value);
+      pc->option_types.push_back(o.type);
+    } else {
+      c.error(options ? *options : *q.item, at + ".options." + o.name,
+              "missing option `" + o.name + "` (required by plugin " + pc->name + ": " + o.meaning + ")",
+              "add `" + o.name + ": <" + option_type_name(o.type) + ">` under options:");
+      ok = false;
+    }
+  }
+  return ok;
+}
 
 const std::vector<KeyRule>& key_rules() {
   static const std::vector<KeyRule> rules = build_rules();
