@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-
 #include <regex>
 #include <sstream>
 
@@ -31,12 +31,13 @@ struct Ran {
   std::string err;  // stderr
 };
 
-Ran run_cli(const std::string& args) {
+// `before` is shell text run first in the same shell (`ulimit -v 300000 && `).
+Ran run_cli(const std::string& args, const std::string& before = "") {
   // One file per process and call: ctest runs the tests of this suite in parallel.
   static int calls = 0;
   const std::string err_file = ::testing::TempDir() + "tessera_cli_stderr." + std::to_string(getpid()) + "." +
                                std::to_string(calls++) + ".txt";
-  const std::string cmd = "cd " + kSrc + " && " + kTessera + " " + args + " 2>" + err_file;
+  const std::string cmd = "cd " + kSrc + " && " + before + kTessera + " " + args + " 2>" + err_file;
   Ran r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -704,28 +705,36 @@ TEST(Cli, GenerateStopsWhereThePositionsEndAndSaysSo) {
 TEST(Cli, GenerateRefusesBadOptionsPromptsAndModels) {
   const std::pair<std::string, std::string> cases[] = {
       {"--prompt x --temperature -1", "tessera generate: temperature must be >= 0 (0 is greedy), found -1"},
-      {"--prompt x --top-p 1.5", "tessera generate: top_p must be in (0, 1] (1 keeps every token), found 1.5"},
+      {"--prompt x --top-p 1.5",
+       "tessera generate: top_p must be in (0, 1] (1 keeps every token), found 1.5"},
       {"--prompt x --top-p 0", "tessera generate: top_p must be in (0, 1] (1 keeps every token), found 0"},
-      {"--prompt x --top-k -2", "tessera generate: top_k must be >= 0 (0 keeps every token), found -2"},
-      {"--prompt x --repetition-penalty 0", "tessera generate: repetition_penalty must be > 0 (1 is none), found 0"},
-      {"--prompt x --max-new-tokens 0", "tessera generate: max_new_tokens must be >= 1, found 0"},
+      {"--prompt x --top-k -2", "tessera generate: --top-k: Value -2 not in range 0 to 16777216"},
+      {"--prompt x --repetition-penalty 0",
+       "tessera generate: repetition_penalty must be > 0 (1 is none), found 0"},
+      {"--prompt x --max-new-tokens 0",
+       "tessera generate: --max-new-tokens: Value 0 not in range 1 to 1048576"},
       {"", "tessera generate: no prompt: give --prompt TEXT (repeatable) or --prompts FILE (one per line)"},
-      {"--prompt x --stream --json", "tessera generate: --stream prints the text as it comes, --json one line per "
-                                     "prompt once it is done: choose one"},
+      {"--prompt x --stream --json",
+       "tessera generate: --stream prints the text as it comes, --json one line per "
+       "prompt once it is done: choose one"},
       {"--prompts /no/such/prompts.txt", "tessera generate: --prompts: "},
       {"--prompt x --prompt 'Once upon a time' --set model.positions.max_len=8",
-       "tessera generate: --prompt 2: 16 tokens, more than model.positions.max_len (8): shorten it, or raise max_len"},
+       "tessera generate: --prompt 2: 16 tokens, more than model.positions.max_len (8): shorten it, or raise "
+       "max_len"},
       {"--prompt x --set model.stem.vocab_size=300",
        "tessera generate: plugin text's vocabulary has 259 ids but model.stem.vocab_size is 300"},
       {"--prompt x --set model.head.kind=pool",
-       "tessera generate: the model has no language-model head (model.head.kind is pool); generation needs head.kind lm"},
+       "tessera generate: the model has no language-model head (model.head.kind is pool); generation needs "
+       "head.kind lm"},
       {"--prompt x --set model.causal=false",
-       "tessera generate: the model is not causal (model.causal false); generation needs a model that reads left to "
+       "tessera generate: the model is not causal (model.causal false); generation needs a model that reads "
+       "left to "
        "right (arch: decoder)"},
       // task.generate in the experiment is checked by the config loader, at the key.
       {"--prompt x --set task.generate.temperature=-1", "task.generate.temperature: must be >= 0, found -1"},
       {"--prompt x --set task.generate.top_p=0", "task.generate.top_p: must be in (0, 1], found 0"},
-      {"--prompt x --set task.generate.repetition_penalty=0", "task.generate.repetition_penalty: must be > 0, found 0"},
+      {"--prompt x --set task.generate.repetition_penalty=0",
+       "task.generate.repetition_penalty: must be > 0, found 0"},
   };
   for (const auto& [args, msg] : cases) {
     const Ran r = run_cli("generate " + kTiny + " " + args);
@@ -935,4 +944,181 @@ TEST(Cli, GradItemTakesTheDatasetsItemWithItsMasks) {
                            "masks: give --item N"))
       << ids.err;
   EXPECT_FALSE(std::filesystem::exists(out + "/grad.safetensors"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 14, hostile sizes and memory: every size has a limit, a model that does not fit the
+// machine is refused before anything is allocated, and running out of memory anyway ends in
+// exit 1 with a message, never an abort or a signal.
+
+namespace {
+
+// A file of this process's own (the suite's tests run in parallel), removed by the caller.
+std::string temp_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + std::to_string(getpid()) + "_" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// A tiny LM over 16 tokens with its input inline: `forward` runs it in milliseconds.
+const char* kTinyLm =
+    "model:\n  d_model: 4\n  n_heads: 2\n  stem: {kind: tokens, vocab_size: 16}\n"
+    "  positions: {kind: learned, max_len: 8}\n  head: {kind: lm, tied: true}\ninput:\n  ids: [1, 2, 3]\n";
+
+// `ulimit -v KIB` (RLIMIT_AS) in the shell that runs `tessera ARGS`, as a user's would.
+Ran run_cli_limited(int64_t kib, const std::string& args) {
+  return run_cli(args, "ulimit -v " + std::to_string(kib) + " && ");
+}
+
+}  // namespace
+
+// Before the limits: vocab_size 2^62 made a table of a few bytes and oneDNN failed on it (the
+// issue saw NaN and exit 0), positions.max_len 2^62 ran with exit 0 reading outside the learned
+// table, d_ff 2^62 was a SIGFPE inside oneDNN, runtime.threads 100000 a SIGSEGV in libgomp, d_model
+// 2^31 an abort. Now each is refused with exit 2 naming the key, the value and the limit, before
+// anything runs or is written.
+TEST(Cli, HostileSizesAreRefusedWithTheirLimit) {
+  const std::string cfg = temp_file("tiny_lm.yaml", kTinyLm);
+  const std::string out = ::testing::TempDir() + "tessera_cli_sizes." + std::to_string(getpid());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.stem.vocab_size=4611686018427387904",
+       "model.stem.vocab_size: 4611686018427387904 is more than the limit 16777216 (token ids are 32-bit"},
+      {"model.positions.max_len=4611686018427387904",
+       "model.positions.max_len: 4611686018427387904 is more than the limit 1048576"},
+      {"model.d_ff=4611686018427387904", "model.d_ff: 4611686018427387904 is more than the limit 1048576"},
+      {"runtime.threads=100000",
+       "runtime.threads: 100000 is more than the limit 1024 (more threads than any"},
+      {"model.d_model=2147483648", "model.d_model: 2147483648 is more than the limit 65536"},
+  };
+  for (const auto& [set, message] : cases) {
+    const Ran r = run_cli("forward " + cfg + " --out " + out + " --set " + set);
+    EXPECT_EQ(r.code, 2) << set << "\n" << r.err;
+    EXPECT_TRUE(has(r.err, "--set " + set + ", column ")) << r.err;
+    EXPECT_TRUE(has(r.err, message)) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // Within the limits the same model runs (the limit itself is Config.SizeLimits' to check: 1024
+  // threads would be a burden on a small test machine).
+  const Ran ok = run_cli("forward " + cfg + " --out " + out + " --set runtime.threads=2");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  std::filesystem::remove_all(out);
+  std::remove(cfg.c_str());
+}
+
+// Batch sizes from the command line: `tessera run --batch-size 2^63-1` wrapped its batch count
+// around and said "0 sequences written" with exit 0; `tessera generate --batch-size` and
+// `--threads` took any number. Now: exit 2 and the limit.
+TEST(Cli, CommandLineSizesHaveLimits) {
+  const std::string out = ::testing::TempDir() + "tessera_cli_batch." + std::to_string(getpid());
+  const Ran run = run_cli("run configs/examples/generate_tiny.yaml --quiet --out " + out +
+                          " --batch-size 9223372036854775807");
+  EXPECT_EQ(run.code, 2) << run.err;
+  EXPECT_TRUE(has(run.err, "runtime.batch_size: 9223372036854775807 is more than the limit 65536"))
+      << run.err;
+  EXPECT_FALSE(has(run.out, "0 sequences written")) << run.out;
+  EXPECT_FALSE(std::filesystem::exists(out + "/manifest.json"));
+  const Ran gen =
+      run_cli("generate configs/examples/generate_tiny.yaml --prompt hi --batch-size 9223372036854775807");
+  EXPECT_EQ(gen.code, 2) << gen.err;
+  EXPECT_TRUE(has(gen.err, "--batch-size")) << gen.err;
+  EXPECT_TRUE(has(gen.err, "65536")) << gen.err;
+  EXPECT_TRUE(gen.out.empty()) << gen.out;
+  const Ran threads = run_cli("generate configs/examples/generate_tiny.yaml --prompt hi --threads 100000");
+  EXPECT_EQ(threads.code, 2) << threads.err;
+  EXPECT_TRUE(has(threads.err, "--threads")) << threads.err;
+  const Ran tokens = run_cli(
+      "generate configs/examples/generate_tiny.yaml --prompt hi --max-new-tokens 4611686018427387904");
+  EXPECT_EQ(tokens.code, 2) << tokens.err;
+  EXPECT_TRUE(has(tokens.err, "--max-new-tokens")) << tokens.err;
+  const Ran plan = run_cli("check configs/examples/generate_tiny.yaml --batch 9223372036854775807");
+  EXPECT_EQ(plan.code, 2) << plan.err;
+  EXPECT_TRUE(has(plan.err, "--batch")) << plan.err;
+  std::filesystem::remove_all(out);
+}
+
+// A model whose memory plan (weights plus activations, as `tessera check` plans them) is more than
+// the machine has is refused with both numbers before anything is allocated: d_model 65536 x 64
+// layers needs 12 TiB. Before, its first tensor's allocation failed and the process aborted.
+TEST(Cli, AModelLargerThanTheMachineIsRefusedWithBothNumbers) {
+  const std::string cfg = temp_file(
+      "too_big.yaml",
+      "model:\n  d_model: 65536\n  n_layers: 64\n  n_heads: 64\n  stem: {kind: tokens, vocab_size: 16}\n"
+      "input:\n  ids: [1, 2, 3]\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  const Ran r = run_cli("check " + cfg);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(
+      std::regex_search(r.err, std::regex("the model needs 12\\.0 TiB \\(13[0-9]{12} bytes\\) of memory "
+                                          "\\(weights 12\\.0 TiB \\+ activations [0-9.]+ [KM]iB for a batch "
+                                          "of 1 x 3 rows, as `tessera check` plans it\\), but only [0-9.]+ "
+                                          "[KMGT]iB \\([0-9]+ bytes\\) is available \\(")))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "nothing was allocated")) << r.err;
+  EXPECT_LT(seconds, 20.0) << "the refusal must come before the model is built";
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  std::remove(cfg.c_str());
+}
+
+// Under `ulimit -v` (300 MB) a model larger than that is refused by its plan, naming the limit;
+// before, the first large allocation failed and the process aborted (exit 134).
+TEST(Cli, AnAddressSpaceLimitIsPartOfTheMemoryPlan) {
+  const Ran r = run_cli_limited(300000, "check configs/bench/bert_base.yaml");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "the model needs ")) << r.err;
+  EXPECT_TRUE(
+      has(r.err, "is available (the address-space limit (ulimit -v, RLIMIT_AS) of 293.0 MiB less the "))
+      << r.err;
+}
+
+// Memory that runs out where the plan did not foresee it (here the logits of a long --ids input
+// over a large vocabulary: 100 rows x 10^6 tokens x 4 bytes, under a 300 MB address-space limit)
+// ends in exit 1 and one line saying so, never an abort or a signal. Before: abort (exit 134).
+TEST(Cli, OutOfMemoryEndsInExitOneWithAMessage) {
+  const std::string cfg =
+      temp_file("wide_vocab.yaml",
+                "model:\n  d_model: 4\n  n_heads: 2\n  stem: {kind: tokens, vocab_size: 1000000}\n"
+                "  head: {kind: lm, tied: true}\ninput:\n  ids: [1, 2, 3]\n");
+  std::string ids = "1";
+  for (int i = 1; i < 100; ++i) ids += "," + std::to_string(i);
+  const std::string out = ::testing::TempDir() + "tessera_cli_oom." + std::to_string(getpid());
+  const Ran r = run_cli_limited(300000, "forward " + cfg + " --out " + out + " --ids " + ids);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "out of memory")) << r.err;
+  EXPECT_FALSE(has(r.err, "internal check failed")) << r.err;
+  std::filesystem::remove_all(out);
+  std::remove(cfg.c_str());
+}
+
+// A YAML file that is not UTF-8 is refused naming the file, line:col and byte offset (it was
+// accepted, its Latin-1 name passed on as it was).
+TEST(Cli, ANonUtf8ConfigIsRefused) {
+  const std::string cfg = temp_file("latin1.yaml", std::string(kTinyLm) + "  tokens: [caf\xE9]\n");
+  const Ran r = run_cli("check " + cfg);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(
+      has(r.err, cfg + ":9:15: not UTF-8: the byte 0xE9 at byte offset 182 is not part of a valid UTF-8 "
+                       "character"))
+      << r.err;
+  std::remove(cfg.c_str());
+}
+
+// An experiment whose file name is not UTF-8 runs like any other (its name is only bytes to the
+// file system); the run folder and the manifest take it.
+TEST(Cli, ANonUtf8ExperimentFileNameRuns) {
+  const std::string dir = ::testing::TempDir() + "tessera_cli_latin1." + std::to_string(getpid());
+  std::filesystem::create_directories(dir + "/generate_tiny");
+  std::filesystem::copy_file(kSrc + "configs/examples/generate_tiny/prompts.txt",
+                             dir + "/generate_tiny/prompts.txt");
+  const std::string cfg = dir + "/tiny_caf\xE9.yaml";
+  std::filesystem::copy_file(kSrc + "configs/examples/generate_tiny.yaml", cfg);
+  const Ran check = run_cli("check '" + cfg + "'");
+  EXPECT_EQ(check.code, 0) << check.err;
+  const Ran r = run_cli("run --quiet '" + cfg + "' --out " + dir + "/run");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "3 sequences written")) << r.out;
+  std::ifstream manifest(dir + "/run/manifest.json");
+  EXPECT_TRUE(manifest.good());
+  std::filesystem::remove_all(dir);
 }

@@ -390,11 +390,185 @@ TEST(Config, ErrorOutOfRange) {
   EXPECT_EQ(errors(kModel + "  norm_eps: .inf\n"), "t.yaml:4:13: model.norm_eps: must be a finite number, found .inf");
   EXPECT_EQ(errors(kModel + "  attention: {scale: -2}\n"), "t.yaml:4:22: model.attention.scale: must be > 0, found -2");
   EXPECT_EQ(errors(kModel + "  init: {seed: -1}\n"), "t.yaml:4:16: model.init.seed: must be >= 0, found -1");
-  EXPECT_EQ(errors(kModel + "runtime: {threads: 3000000000}\n"),
-            "t.yaml:4:20: runtime.threads: must be at most 2147483647, found 3000000000");
-  EXPECT_EQ(errors(kModel + "  n_layers: 99999999999999999999\n"),
-            "t.yaml:4:13: model.n_layers: must be at most 9223372036854775807, found 99999999999999999999");
+  EXPECT_EQ(
+      errors(kModel + "runtime: {threads: 3000000000}\n"),
+      "t.yaml:4:20: runtime.threads: 3000000000 is more than the limit 1024 (more threads than any machine "
+      "has cores; the OpenMP runtime crashes when it cannot start them)");
+  EXPECT_EQ(
+      errors(kModel + "  n_layers: 99999999999999999999\n"),
+      "t.yaml:4:13: model.n_layers: 99999999999999999999 is more than the limit 4096 (over 30 times the "
+      "deepest published transformer)");
+  EXPECT_EQ(errors(kModel + "  init: {seed: 99999999999999999999}\n"),
+            "t.yaml:4:16: model.init.seed: 99999999999999999999 is more than the limit 9223372036854775807");
   EXPECT_EQ(errors(kModel + "input: {ids: [1, -2]}\n"), "t.yaml:4:18: input.ids: entry 1: must be >= 0, found -2");
+}
+
+// Every size has an upper bound (tessera/config.h, limits) that keeps the products formed from it
+// inside 64 bits: before the bounds, vocab_size or positions.max_len 2^62 wrapped the table's size
+// around to a few bytes and `forward` read out of bounds, d_ff 2^62 raised SIGFPE in oneDNN,
+// runtime.threads 100000 crashed libgomp and d_model 2^31 aborted. Each refusal names the file,
+// line:col, the key, the value and the limit, and says why.
+TEST(Config, SizeLimits) {
+  const std::string huge = "4611686018427387904";  // 2^62
+  struct Case {
+    std::string section, key, yaml_key;  // under model: (section "model"), or a top-level section
+    int64_t limit;
+  };
+  const std::vector<Case> cases = {
+      {"model", "model.d_model", "d_model", limits::kWidth},
+      {"model", "model.n_layers", "n_layers", limits::kLayers},
+      {"model", "model.n_heads", "n_heads", limits::kHeads},
+      {"model", "model.d_k", "d_k", limits::kWidth},
+      {"model", "model.d_v", "d_v", limits::kWidth},
+      {"model", "model.d_ff", "d_ff", limits::kHidden},
+      {"model.positions", "model.positions.max_len", "max_len", limits::kSequence},
+      {"model.positions", "model.positions.max_distance", "max_distance", limits::kDistance},
+      {"model.positions", "model.positions.rotary_dims", "rotary_dims", limits::kWidth},
+      {"model.stem", "model.stem.vocab_size", "vocab_size", limits::kVocab},
+      {"model.stem", "model.stem.n_features", "n_features", limits::kHidden},
+      {"model.stem", "model.stem.token_types", "token_types", limits::kTable},
+      {"model.stem", "model.stem.modalities", "modalities", limits::kTable},
+      {"model.stem", "model.stem.mask_id", "mask_id", limits::kVocab},
+      {"model.head", "model.head.n_classes", "n_classes", limits::kVocab},
+      {"runtime", "runtime.threads", "threads", limits::kThreads},
+      {"runtime", "runtime.batch_size", "batch_size", limits::kBatch},
+      {"runtime", "runtime.workers", "workers", limits::kThreads},
+      {"task", "task.top_k", "top_k", limits::kVocab},
+      {"task.generate", "task.generate.max_new_tokens", "max_new_tokens", limits::kSequence},
+      {"task.generate", "task.generate.top_k", "top_k", limits::kVocab},
+      {"bench", "bench.batch", "batch", limits::kBatch},
+      {"bench", "bench.seq_len", "seq_len", limits::kSequence},
+      {"bench", "bench.warmup", "warmup", limits::kRepeats},
+      {"bench", "bench.reps", "reps", limits::kRepeats},
+      {"train", "train.epochs", "epochs", limits::kEpochs},
+      {"train", "train.max_steps", "max_steps", limits::kSteps},
+      {"train", "train.batch_size", "batch_size", limits::kBatch},
+      {"train", "train.accumulate", "accumulate", limits::kBatch},
+      {"train", "train.seq_len", "seq_len", limits::kSequence},
+      {"train", "train.warmup_steps", "warmup_steps", limits::kSteps},
+      {"train", "train.eval_every", "eval_every", limits::kSteps},
+      {"train", "train.patience", "patience", limits::kKeep},
+      {"train", "train.keep", "keep", limits::kKeep},
+      {"train", "train.log_every", "log_every", limits::kSteps},
+      {"train", "train.window", "window", limits::kSequence},
+      {"train", "train.mask_id", "mask_id", limits::kVocab},
+  };
+  for (const Case& c : cases) {
+    // The section written in flow style on line 4 (or the key under model:), the value at a known column.
+    std::string line, yaml = kModel;
+    if (c.key == "model.d_model") {
+      yaml = "model:\n  n_heads: 1\n  stem: {vocab_size: 10}\n";
+      line = "  d_model: ";
+    } else if (c.section == "model") {
+      line = "  " + c.yaml_key + ": ";
+    } else if (c.section == "model.stem") {
+      yaml = "model:\n  d_model: 8\n  n_heads: 1\n";
+      line = std::string("  stem: {") + (c.yaml_key == "vocab_size" ? "" : "vocab_size: 10, ") + c.yaml_key +
+             ": ";
+    } else if (c.section.rfind("model.", 0) == 0) {
+      line = "  " + c.section.substr(6) + ": {" + c.yaml_key + ": ";
+    } else if (c.section == "task.generate") {
+      line = "task: {generate: {" + c.yaml_key + ": ";
+    } else {
+      line = c.section + ": {" + c.yaml_key + ": ";
+    }
+    const int col = static_cast<int>(line.size()) + 1;
+    line += huge + (c.section == "task.generate" ? "}}" : c.section == "model" ? "" : "}") + "\n";
+    const std::string err = errors(yaml + line);
+    const std::string want = "t.yaml:4:" + std::to_string(col) + ": " + c.key + ": " + huge +
+                             " is more than the limit " + std::to_string(c.limit) + " (";
+    EXPECT_NE(err.find(want), std::string::npos) << c.key << ":\n" << err;
+    // The limit is exact: one more is refused too.
+    const std::string over_by_one =
+        errors(yaml + line.replace(static_cast<size_t>(col - 1), huge.size(), std::to_string(c.limit + 1)));
+    EXPECT_NE(over_by_one.find(": " + std::to_string(c.limit + 1) + " is more than the limit " +
+                               std::to_string(c.limit)),
+              std::string::npos)
+        << c.key << ":\n"
+        << over_by_one;
+  }
+  // Lists of sizes: each entry.
+  EXPECT_EQ(errors(kModel + "task: {attention: {layers: [0, " + huge + "]}}\n"),
+            "t.yaml:4:32: task.attention.layers: entry 1: " + huge +
+                " is more than the limit 4096 (over 30 times "
+                "the deepest published transformer)");
+  EXPECT_EQ(errors(kModel + "task: {generate: {stop_ids: [" + huge + "]}}\n"),
+            "t.yaml:4:30: task.generate.stop_ids: entry 0: " + huge +
+                " is more than the limit 16777216 (token ids "
+                "are 32-bit, and 2^24 is 64 times the largest published vocabulary)");
+  // --set and the command line's options that become --set (tessera run --batch-size) alike.
+  EXPECT_EQ(
+      errors(kModel, {"runtime.batch_size=9223372036854775807"}),
+      "--set runtime.batch_size=9223372036854775807, column 20: runtime.batch_size: 9223372036854775807 is "
+      "more than the limit 65536 (2^16 sequences per batch)");
+  EXPECT_EQ(errors(kModel, {"model.stem.vocab_size=" + huge}),
+            "--set model.stem.vocab_size=" + huge + ", column 23: model.stem.vocab_size: " + huge +
+                " is more than the limit 16777216 (token ids are 32-bit, and 2^24 is 64 times the largest "
+                "published vocabulary)");
+  // At the limits, a model loads (its memory is the memory plan's business, not the config's).
+  Diagnostics diags;
+  EXPECT_TRUE(
+      load_text("model:\n  d_model: 65536\n  n_heads: 64\n  d_ff: 1048576\n  stem: {vocab_size: 16777216}\n"
+                "  positions: {kind: learned, max_len: 1048576}\nruntime: {threads: 1024}\n",
+                &diags)
+          .has_value())
+      << diags.str();
+}
+
+// Products of sizes: the heads side by side, and the parameter count (added up without
+// overflowing), each inside its limit.
+TEST(Config, SizeProducts) {
+  EXPECT_EQ(
+      errors("model:\n  d_model: 64\n  n_heads: 4096\n  d_k: 4096\n  d_v: 16\n  stem: {vocab_size: 10}\n"),
+      "t.yaml:4:3: model.d_k: n_heads * d_k is 16777216, more than the limit 1048576 for the heads side by "
+      "side (fewer heads, or narrower ones)");
+  EXPECT_EQ(
+      errors("model:\n  d_model: 65536\n  n_heads: 64\n  d_ff: 1048576\n  n_layers: 4096\n"
+             "  stem: {vocab_size: 10}\n"),
+      "t.yaml:1:1: model: the model has more than 4398046511104 parameters (2^42, the limit; "
+      "blocks.28.ffn.w1 "
+      "(65536, 1048576) alone has 68719476736) (make it smaller: d_model, d_ff, n_layers or the vocabulary)");
+}
+
+// A config is UTF-8: a byte that is not part of a valid UTF-8 character is refused with the file,
+// line:col (in characters) and byte offset. Before, `caf\xE9` (Latin-1) was accepted as a name, a
+// path or a plugin option and passed on as it was.
+TEST(Config, NotUtf8) {
+  EXPECT_EQ(
+      errors("model:\n  name: \"caf\xE9\"\n  d_model: 8\n  stem: {vocab_size: 10}\n"),
+      "t.yaml:2:13: not UTF-8: the byte 0xE9 at byte offset 19 is not part of a valid UTF-8 character (a "
+      "config file must be UTF-8; convert it, e.g. with `iconv -f latin1 -t utf-8`)");
+  // Columns count characters: the two-byte é before the bad byte is one column.
+  EXPECT_EQ(errors("model:\n  name: \"\xC3\xA9\xFF\"\n").substr(0, 66),
+            "t.yaml:2:11: not UTF-8: the byte 0xFF at byte offset 18 is not par");
+  // Overlong forms, surrogates, code points above U+10FFFF and a sequence cut short at the end.
+  for (const std::string bad : {"\xC0\xAF", "\xE0\x80\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82"}) {
+    const std::string err = errors(kModel + "# " + bad);
+    EXPECT_EQ(err.rfind("t.yaml:4:3: not UTF-8: the byte ", 0), 0u) << err;
+  }
+  // --set values too: the column in the argument.
+  EXPECT_EQ(errors(kModel, {"model.name=caf\xE9"})
+                .rfind("--set model.name=caf\xE9, column 15: not UTF-8: the byte 0xE9 at byte offset 3 is "
+                       "not part of a",
+                       0),
+            0u);
+  // Valid UTF-8 (a byte-order mark, two- to four-byte characters) loads.
+  Diagnostics diags;
+  const std::optional<Experiment> ok = load_text(
+      "\xEF\xBB\xBFmodel:\n  name: \"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\"\n  d_model: 8\n"
+      "  stem: {vocab_size: 10}\n",
+      &diags);
+  ASSERT_TRUE(ok.has_value()) << diags.str();
+  EXPECT_EQ(ok->model.name, "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  // A file: its name in the message.
+  const std::string path = ::testing::TempDir() + "latin1_" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(path) << kModel << "  name: caf\xE9\n";
+  EXPECT_EQ(file_errors(path),
+            path +
+                ":4:12: not UTF-8: the byte 0xE9 at byte offset 56 is not part of a valid "
+                "UTF-8 character (a config file must be UTF-8; convert it, e.g. with `iconv "
+                "-f latin1 -t utf-8`)");
+  std::remove(path.c_str());
 }
 
 TEST(Config, ErrorEnumValues) {

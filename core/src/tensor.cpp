@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <sstream>
 #include <unordered_map>
@@ -173,12 +174,13 @@ size_t reuse_class(size_t n) {
 
 std::shared_ptr<void> allocate(size_t nbytes) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (nbytes > (SIZE_MAX >> 1)) throw std::bad_alloc();  // no machine has it; rounding up would wrap
   // Round up so that aligned_alloc's size is a multiple of the alignment; never zero bytes.
   size_t n = (nbytes + Tensor::kAlignment - 1) / Tensor::kAlignment * Tensor::kAlignment;
   if (n == 0) n = Tensor::kAlignment;
   if (n < kReuseMin) {
     void* p = std::aligned_alloc(Tensor::kAlignment, n);
-    TSR_CHECK(p != nullptr, "out of memory allocating a tensor");
+    if (!p) throw std::bad_alloc();  // out of memory: ops turn it into a Status, `tessera` into exit 1
     return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
   n = reuse_class(n);
@@ -209,7 +211,7 @@ std::shared_ptr<void> allocate(size_t nbytes) {
     std::lock_guard<std::mutex> lock(cache.mu);
     cache.live -= n;
   }
-  TSR_CHECK(p != nullptr, "out of memory allocating a tensor");
+  if (!p) throw std::bad_alloc();
   return std::shared_ptr<void>(p, [n](void* q) {
     ReuseCache& c = reuse_cache();
     {
@@ -308,7 +310,10 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
-  t.storage_ = allocate(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+  size_t bytes = dtype_size(dtype);  // a size past 64 bits cannot be allocated: never wrap it around
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(bytes, static_cast<size_t>(d), &bytes)) throw std::bad_alloc();
+  t.storage_ = allocate(bytes);
   int64_t s = 1;
   for (int i = shape.rank() - 1; i >= 0; --i) {
     t.strides_[i] = s;

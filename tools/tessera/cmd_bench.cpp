@@ -148,8 +148,8 @@ int run_bench(const BenchArgs& a) {
   std::vector<std::string> overrides = a.overrides;
   if (a.threads >= 0) overrides.push_back("runtime.threads=" + std::to_string(a.threads));
   const auto t_load = std::chrono::steady_clock::now();  // load: config, weights (mmap), packing
-  std::optional<Loaded> L = load_and_build(a.file, overrides);
-  if (!L) return kExitBadInput;
+  std::optional<Loaded> L = load_and_build(a.file, overrides, a.seq_len, a.batch);
+  if (!L) return load_failure_exit_code();
   const double ready = seconds_since(t_load);
   const Experiment& e = L->exp;
   const int64_t B = a.batch > 0 ? a.batch : e.bench.batch;
@@ -358,19 +358,25 @@ void add_bench_command(CLI::App& app, std::function<int()>* run) {
       "Time a model's forward pass and compare with the machine's matmul and FMA peaks and memory bandwidth; or, with --plugins, time "
       "the modality plugins' front ends on real files");
   CLI::Option* file = cmd->add_option("file", args->file, "experiment YAML (not with --plugins)");
-  auto* batch = cmd->add_option("--batch", args->batch, "items per batch (default: bench.batch)");
-  auto* seq_len = cmd->add_option("--seq-len", args->seq_len, "input rows per item (default: bench.seq_len)");
-  cmd->add_option("--reps", args->reps, "timed runs (default: bench.reps; --plugins: 20 passes)");
-  cmd->add_option("--warmup", args->warmup,
-                  "untimed runs first (default: bench.warmup; --plugins: 2 passes)");
+  auto* batch = cmd->add_option("--batch", args->batch, "items per batch (default: bench.batch)")
+                    ->check(CLI::Range(int64_t{1}, limits::kBatch));
+  auto* seq_len = cmd->add_option("--seq-len", args->seq_len, "input rows per item (default: bench.seq_len)")
+                      ->check(CLI::Range(int64_t{1}, limits::kSequence));
+  cmd->add_option("--reps", args->reps, "timed runs (default: bench.reps; --plugins: 20 passes)")
+      ->check(CLI::Range(1, static_cast<int>(limits::kRepeats)));
+  cmd->add_option("--warmup", args->warmup, "untimed runs first (default: bench.warmup; --plugins: 2 passes)")
+      ->check(CLI::Range(0, static_cast<int>(limits::kRepeats)));
   auto* threads = cmd->add_option("--threads", args->threads,
-                                  "intra-op threads (default: runtime.threads; 0 = all cores)");
+                                  "intra-op threads (default: runtime.threads; 0 = all cores)")
+                      ->check(CLI::Range(0, static_cast<int>(limits::kThreads)));
   auto* seed = cmd->add_option("--seed", args->seed, "seed of the random input")->capture_default_str();
   auto* no_peak = cmd->add_flag("--no-peak", args->no_peak, "skip measuring the machine's peaks (matmul, FMA, memory bandwidth)");
-  auto* decode = cmd->add_option("--decode", args->decode,
-                                 "causal language models: also time generation with the KV cache, the input as "
-                                 "the prompt, then this many tokens one at a time (0: skip)")
-                     ->capture_default_str();
+  auto* decode =
+      cmd->add_option("--decode", args->decode,
+                      "causal language models: also time generation with the KV cache, the input as "
+                      "the prompt, then this many tokens one at a time (0: skip)")
+          ->check(CLI::Range(int64_t{0}, limits::kSequence))
+          ->capture_default_str();
   cmd->add_option("--json", args->json, "also write the figures to this file as one JSON object");
   auto* set = cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
   PluginBenchArgs& p = args->plugin_args;
@@ -398,9 +404,14 @@ void add_bench_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--attention", t.n,
                   "time one attention op over this many rows instead of a model (default 1 thread; "
                   "see --head-dim, --heads, --causal, --materialised)")
+      ->check(CLI::Range(int64_t{1}, limits::kSequence))
       ->excludes(file, batch, seq_len, set, decode);
-  cmd->add_option("--head-dim", t.head_dim, "--attention: d_k = d_v")->capture_default_str();
-  cmd->add_option("--heads", t.heads, "--attention: heads")->capture_default_str();
+  cmd->add_option("--head-dim", t.head_dim, "--attention: d_k = d_v")
+      ->check(CLI::Range(int64_t{1}, limits::kWidth))
+      ->capture_default_str();
+  cmd->add_option("--heads", t.heads, "--attention: heads")
+      ->check(CLI::Range(int64_t{1}, limits::kHeads))
+      ->capture_default_str();
   cmd->add_flag("--causal", t.causal, "--attention: causal mask");
   cmd->add_flag("--materialised", t.materialised,
                 "--attention: store the (N, N) scores (matmul, softmax, matmul) instead of the fused kernel");

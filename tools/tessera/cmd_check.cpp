@@ -95,8 +95,8 @@ bool check_plugins(const Experiment& e, const CheckArgs& a, std::string* report,
 }
 
 int run_check(const CheckArgs& a) {
-  std::optional<Loaded> L = load_and_build(a.file, a.overrides);
-  if (!L) return kExitBadInput;
+  std::optional<Loaded> L = load_and_build(a.file, a.overrides, a.seq_len, a.batch);
+  if (!L) return load_failure_exit_code();
   const Experiment& e = L->exp;
   std::string plugin_report;
   int64_t longest = 0;
@@ -118,15 +118,17 @@ int run_check(const CheckArgs& a) {
       {"rows per item", fmt_count(static_cast<double>(p.rows)) +
                             (p.rows != T ? "  (" + std::to_string(T) + " input rows + CLS)" : "")},
       {"parameters", fmt_count(static_cast<double>(p.parameters)) + "  (" +
-                         fmt_bytes(static_cast<double>(p.parameter_bytes)) + " as " + dtype_name(e.model.dtype) + ")"},
+                         fmt_bytes(static_cast<double>(p.parameter_bytes)) + " as " +
+                         dtype_name(e.model.dtype) + ")"},
       {"FLOPs per item", fmt_flops(p.flops_per_item)},
       {"FLOPs per batch", fmt_flops(p.flops_per_item * static_cast<double>(B))},
       {"activation memory per item", fmt_bytes(static_cast<double>(p.activation_bytes_per_item))},
-      {"activation memory per batch", fmt_bytes(static_cast<double>(p.activation_bytes_per_item * B))},
-      {"attention scores per head", fmt_count(static_cast<double>(p.score_entries_per_head)) + "  (n^2, n = " +
-                                        std::to_string(p.rows) + ")"},
-      {"attention scores per item", fmt_count(static_cast<double>(p.score_entries_per_head * e.model.n_heads *
-                                                                  e.model.n_layers)) +
+      {"activation memory per batch",
+       fmt_bytes(static_cast<double>(p.activation_bytes_per_item) * static_cast<double>(B))},
+      {"attention scores per head", fmt_count(static_cast<double>(p.score_entries_per_head)) +
+                                        "  (n^2, n = " + std::to_string(p.rows) + ")"},
+      {"attention scores per item", fmt_count(static_cast<double>(p.score_entries_per_head) *
+                                              static_cast<double>(e.model.n_heads * e.model.n_layers)) +
                                         "  (n^2 x " + std::to_string(e.model.n_heads) + " heads x " +
                                         std::to_string(e.model.n_layers) + " layers)"}};
   std::printf("%s", table(rows, 0).c_str());
@@ -153,11 +155,15 @@ void add_check_command(CLI::App& app, std::function<int()>* run) {
   CLI::App* cmd = app.add_subcommand("check", "Validate an experiment; print the resolved config and the plan");
   cmd->add_option("file", args->file, "experiment YAML")->required();
   cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
-  cmd->add_option("--seq-len", args->seq_len, "input rows per item for the plan (default: the input's, else bench.seq_len)");
-  cmd->add_option("--batch", args->batch, "items per batch for the plan (default: bench.batch)");
+  cmd->add_option("--seq-len", args->seq_len,
+                  "input rows per item for the plan (default: the input's, else bench.seq_len)")
+      ->check(CLI::Range(int64_t{1}, limits::kSequence));
+  cmd->add_option("--batch", args->batch, "items per batch for the plan (default: bench.batch)")
+      ->check(CLI::Range(int64_t{1}, limits::kBatch));
   cmd->add_flag("--params", args->params, "also list every parameter's name and shape");
-  cmd->add_option("--sample", args->sample, "plugin experiments: encode this many items of the dataset (default 16)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--sample", args->sample,
+                  "plugin experiments: encode this many items of the dataset (default 16)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->callback([args, run] { *run = [args] { return run_check(*args); }; });
 }
 

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "common.h"
 #include "tessera/fileio.h"
+#include "tessera/machine.h"
 
 namespace tessera::cli {
 
@@ -177,6 +178,16 @@ int run_drift(const DriftArgs& a) {
   }
   base_e->model.dtype = DType::f32;
   cand_e->model.dtype = a.candidate == "bf16" ? DType::bf16 : DType::f32;
+  // Two models side by side: each must fit, and both at once.
+  MemoryPlan plan = memory_plan(base_e->model, a.seq_len > 0 ? a.seq_len : plan_rows(*base_e),
+                                a.batch > 0 ? a.batch : base_e->bench.batch);
+  plan.weights = plan.weights > INT64_MAX / 2 ? INT64_MAX : 2 * plan.weights;
+  plan.total = plan.weights > INT64_MAX - plan.activations ? INT64_MAX : plan.weights + plan.activations;
+  if (Status st = check_memory(plan, machine_memory()); !st.ok()) {
+    std::fprintf(stderr, "tessera drift: %s: two copies of the model: %s\n", a.file.c_str(),
+                 st.message().c_str());
+    return kExitFailure;
+  }
   set_num_threads(base_e->runtime.threads);
   Result<Model> base = Model::build(base_e->model);
   if (!base.ok()) {
@@ -349,8 +360,11 @@ void add_drift_command(CLI::App& app, std::function<int()>* run) {
       "checked against documented tolerances (exit 3 when an output is beyond them)");
   cmd->add_option("file", args->file, "experiment YAML")->required();
   cmd->add_option("--set", args->overrides, "override a config key on both sides: key.path=value (repeatable)");
-  auto* batch = cmd->add_option("--batch", args->batch, "random input: items (default: bench.batch)");
-  auto* seq_len = cmd->add_option("--seq-len", args->seq_len, "random input: rows per item (default: bench.seq_len)");
+  auto* batch = cmd->add_option("--batch", args->batch, "random input: items (default: bench.batch)")
+                    ->check(CLI::Range(int64_t{1}, limits::kBatch));
+  auto* seq_len =
+      cmd->add_option("--seq-len", args->seq_len, "random input: rows per item (default: bench.seq_len)")
+          ->check(CLI::Range(int64_t{1}, limits::kSequence));
   auto* seed = cmd->add_option("--seed", args->seed, "random input: seed")->capture_default_str();
   auto* ids = cmd->add_option("--ids", args->ids, "token ids, comma-separated, instead of random input");
   auto* rows = cmd->add_option("--rows", args->rows, "feature rows, .npy of (T, F) or (B, T, F), instead of random input");

@@ -29,7 +29,7 @@ std::string vec_str(const Tensor& t, int64_t row, int digits, bool frac) {  // r
 
 int run_explain(const ExplainArgs& a) {
   std::optional<Loaded> L = load_and_build(a.file, a.overrides);
-  if (!L) return kExitBadInput;
+  if (!L) return load_failure_exit_code();
   const ModelConfig& c = L->exp.model;
   std::optional<Batch> batch = input_batch(L->exp, a.ids, a.rows);
   if (!batch) return kExitBadInput;
@@ -174,7 +174,9 @@ void add_explain_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--layer", args->layer, "layer (block) index, from 0")->capture_default_str();
   cmd->add_option("--head", args->head, "head index, from 0")->capture_default_str();
   cmd->add_option("--row", args->row, "query row worked step by step (default: the last row)");
-  cmd->add_option("--digits", args->digits, "decimals shown")->capture_default_str();
+  cmd->add_option("--digits", args->digits, "decimals shown")
+      ->check(CLI::Range(0, 17))
+      ->capture_default_str();
   cmd->add_flag("--fractions", args->fractions, "show values near p/q (q <= 64) as fractions");
   cmd->add_option("--ids", args->ids, "token ids instead of the experiment's input, e.g. 5,17,2");
   cmd->add_option("--rows", args->rows, "feature rows (.npy, (T, F)) instead of the experiment's input");

@@ -86,7 +86,7 @@ int run_generate(const GenerateArgs& a) {
   if (a.threads >= 0) overrides.push_back("runtime.threads=" + std::to_string(a.threads));
   if (a.batch_size > 0) overrides.push_back("runtime.batch_size=" + std::to_string(a.batch_size));
   std::optional<Loaded> L = load_and_build(a.file, overrides);
-  if (!L) return kExitBadInput;
+  if (!L) return load_failure_exit_code();
   const Experiment& exp = L->exp;
   Result<Encoder> enc = generation_encoder(exp);
   if (!enc.ok()) {
@@ -202,11 +202,13 @@ void add_generate_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("file", a->file, "experiment YAML: a causal LM (head.kind lm) and one text plugin")->required();
   cmd->add_option("--prompt", a->prompts, "a prompt (repeatable)");
   cmd->add_option("--prompts", a->prompts_file, "a file of prompts, one per line (empty lines skipped)");
-  a->max_new_tokens_opt =
-      cmd->add_option("--max-new-tokens", a->max_new_tokens, "most new tokens per prompt (default: task.generate)");
+  a->max_new_tokens_opt = cmd->add_option("--max-new-tokens", a->max_new_tokens,
+                                          "most new tokens per prompt (default: task.generate)")
+                              ->check(CLI::Range(int64_t{1}, limits::kSequence));
   a->temperature_opt =
       cmd->add_option("--temperature", a->temperature, "0: greedy; > 0: sample (default: task.generate, 0)");
-  a->top_k_opt = cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens; 0: all");
+  a->top_k_opt = cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens; 0: all")
+                     ->check(CLI::Range(int64_t{0}, limits::kVocab));
   a->top_p_opt = cmd->add_option("--top-p", a->top_p, "sample among the most likely tokens that add up to p; 1: all");
   a->penalty_opt = cmd->add_option("--repetition-penalty", a->repetition_penalty,
                                    "penalise tokens already in the sequence (Hugging Face's); 1: none");
@@ -218,8 +220,10 @@ void add_generate_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_flag("--json", a->json,
                 "one JSON line per prompt: prompt, completion, ids, finish_reason, prompt_tokens, new_tokens, "
                 "seconds, tokens_per_s");
-  cmd->add_option("--batch-size", a->batch_size, "prompts decoded together (default: runtime.batch_size)");
-  cmd->add_option("--threads", a->threads, "intra-op threads (default: runtime.threads; 0 = all cores)");
+  cmd->add_option("--batch-size", a->batch_size, "prompts decoded together (default: runtime.batch_size)")
+      ->check(CLI::Range(int64_t{1}, limits::kBatch));
+  cmd->add_option("--threads", a->threads, "intra-op threads (default: runtime.threads; 0 = all cores)")
+      ->check(CLI::Range(0, static_cast<int>(limits::kThreads)));
   cmd->add_option("--set", a->overrides, "override a config key: key.path=value (repeatable)");
   cmd->footer("Without --json, each prompt is printed followed by its completion; a summary per prompt goes to "
               "stderr. Options not given come from the experiment's task.generate. Exit codes: 0 ok, 2 bad input, "

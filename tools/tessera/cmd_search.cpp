@@ -39,7 +39,7 @@ std::string item_text(const std::string& id, const std::vector<std::string>& lin
 
 int run_search(const SearchArgs& a) {
   std::optional<Loaded> L = load_and_build(a.file, a.overrides);
-  if (!L) return kExitBadInput;
+  if (!L) return load_failure_exit_code();
   const Experiment& e = L->exp;
   if (e.plugins.size() != 1) {
     std::fprintf(stderr, "tessera search: %s has %zu plugins; search embeds queries with exactly one\n",

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "tessera/machine.h"
 #include "tessera/npy.h"
 #include "tessera/random.h"
 
@@ -25,9 +26,34 @@ std::optional<Experiment> load(const std::string& file, const std::vector<std::s
   return exp;
 }
 
-std::optional<Loaded> load_and_build(const std::string& file, const std::vector<std::string>& overrides) {
+int64_t plan_rows(const Experiment& exp) {
+  if (!exp.input.ids.empty()) return static_cast<int64_t>(exp.input.ids.size());
+  if (exp.input.rows.defined()) return exp.input.rows.dim(0);
+  return exp.bench.seq_len;
+}
+
+int64_t plan_batch(const Experiment& exp) {
+  return !exp.plugins.empty() ? exp.runtime.batch_size : exp.bench.batch;
+}
+
+namespace {
+thread_local int t_load_failure = kExitBadInput;
+}
+
+int load_failure_exit_code() { return t_load_failure; }
+
+std::optional<Loaded> load_and_build(const std::string& file, const std::vector<std::string>& overrides,
+                                     int64_t rows, int64_t batch) {
+  t_load_failure = kExitBadInput;
   std::optional<Experiment> exp = load(file, overrides);
   if (!exp) return std::nullopt;
+  const MemoryPlan plan =
+      memory_plan(exp->model, rows > 0 ? rows : plan_rows(*exp), batch > 0 ? batch : plan_batch(*exp));
+  if (Status st = check_memory(plan, machine_memory()); !st.ok()) {
+    std::fprintf(stderr, "tessera: %s: %s\n", file.c_str(), st.message().c_str());
+    t_load_failure = kExitFailure;
+    return std::nullopt;
+  }
   set_num_threads(exp->runtime.threads);
   Result<Model> model = Model::build(exp->model);
   if (!model.ok()) {

@@ -25,7 +25,20 @@ struct Loaded {
 
 // Prints every diagnostic to stderr and returns nullopt on failure.
 std::optional<Experiment> load(const std::string& file, const std::vector<std::string>& overrides);
-std::optional<Loaded> load_and_build(const std::string& file, const std::vector<std::string>& overrides);
+// load(), then the model built, unless its memory plan (weights plus activations for batches of
+// `batch` items of `rows` rows; 0: plan_rows and plan_batch) exceeds the memory available: then
+// both numbers are printed and nothing is allocated.
+std::optional<Loaded> load_and_build(const std::string& file, const std::vector<std::string>& overrides,
+                                     int64_t rows = 0, int64_t batch = 0);
+// The exit code for the last failed load_and_build on this thread: kExitBadInput for the config or
+// its weights, kExitFailure for a model that does not fit the machine's memory (the same config may
+// run elsewhere; an allocation that fails later ends in kExitFailure too).
+int load_failure_exit_code();
+
+// The rows per item and the batch `tessera check` plans with when given none: the inline input's
+// rows, else bench.seq_len; runtime.batch_size for a plugin experiment, else bench.batch.
+int64_t plan_rows(const Experiment& exp);
+int64_t plan_batch(const Experiment& exp);
 
 // The batch to run: --ids "1,2,3" or --rows FILE.npy when given, else the experiment's input.
 // Prints a message to stderr and returns nullopt when there is none or it does not fit.

@@ -4,6 +4,9 @@
 // input (usage errors included). Bare `tessera` prints the help, with examples, and exits 0.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <new>
 
 #include "commands.h"
 #include "common.h"
@@ -104,6 +107,49 @@ int check_unplaced(CLI::App& app) {
   return -1;
 }
 
+// The running subcommand's name, for the last words below ("tessera forward"); "tessera" before
+// the parse has chosen one. Plain chars: written once, read when memory may have run out.
+char g_who[64] = "tessera";
+
+// Where an allocation failure that escaped a subcommand ends: one line saying so, exit 1. Used by
+// main's catch and by the terminate handler (a thread's or an OpenMP region's escaped exception).
+// Writes with fputs only: the failed allocation is gone, but nothing here allocates anyway.
+[[noreturn]] void die_out_of_memory() {
+  std::fputs(g_who, stderr);
+  std::fputs(
+      ": out of memory: an allocation failed, so nothing more was done (finished outputs are kept). "
+      "`tessera check` prints the model's memory plan; lower the batch size (--set runtime.batch_size=N), "
+      "the input's length or the model's size, or free memory\n",
+      stderr);
+  std::fflush(stdout);  // results printed so far are kept
+  std::fflush(stderr);
+  std::_Exit(kExitFailure);
+}
+
+[[noreturn]] void die_internal(const char* what) {
+  std::fprintf(stderr, "%s: internal error: %s (uncaught exception; please report it)\n", g_who, what);
+  std::fflush(stdout);  // results printed so far are kept
+  std::fflush(stderr);
+  std::_Exit(kExitFailure);
+}
+
+// std::terminate's handler: an exception that no one caught (one thrown in a worker thread).
+[[noreturn]] void on_terminate() {
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      die_out_of_memory();
+    } catch (const std::exception& x) {
+      die_internal(x.what());
+    } catch (...) {
+      die_internal("an exception of unknown type");
+    }
+  }
+  std::fputs("tessera: internal error: std::terminate without an exception\n", stderr);
+  std::abort();
+}
+
 }  // namespace
 
 void add_schema_command(CLI::App& app, std::function<int()>* run) {
@@ -128,6 +174,7 @@ void add_schema_command(CLI::App& app, std::function<int()>* run) {
 
 int main(int argc, char** argv) {
   using namespace tessera::cli;
+  std::set_terminate(on_terminate);
   CLI::App app{"tessera: transformers over any modality, on oneDNN", "tessera"};
   // Arguments no option or subcommand takes are kept (subcommands inherit this) and reported by
   // check_unplaced with the nearest name, instead of CLI11's "arguments were not expected".
@@ -170,5 +217,14 @@ int main(int argc, char** argv) {
     std::printf("%s", app.help().c_str());
     return kExitOk;
   }
-  return run ? run() : kExitBadInput;
+  if (!run) return kExitBadInput;
+  std::snprintf(g_who, sizeof g_who, "tessera %s", app.get_subcommands().front()->get_name().c_str());
+  // Out of memory is a failure of this run, not a crash: exit 1 with a message, never an abort.
+  try {
+    return run();
+  } catch (const std::bad_alloc&) {
+    die_out_of_memory();
+  } catch (const std::exception& e) {
+    die_internal(e.what());
+  }
 }

@@ -66,6 +66,47 @@ class Diagnostics {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Upper bounds of the sizes a config (YAML, --set, a Hugging Face config.json) and the command
+// line may ask for. Each is far above any published model, and small enough that every product
+// the runtime forms from them (table rows × width, width × hidden width × layers, rows² × heads ×
+// batch, ...) stays inside 64 bits, so no size wraps around into a small allocation. A model inside
+// them may still not fit the machine: that is the memory plan's check (tessera/machine.h), made
+// before anything is allocated. docs/RELIABILITY.md lists them with their reasons.
+namespace limits {
+// d_model, d_k, d_v, positions.rotary_dims (GPT-3's d_model: 12,288).
+inline constexpr int64_t kWidth = int64_t{1} << 16;
+// d_ff, stem.n_features, and n_heads * d_k, n_heads * d_v (PaLM's d_ff: 73,728).
+inline constexpr int64_t kHidden = int64_t{1} << 20;
+// n_layers (published models: at most ~128).
+inline constexpr int64_t kLayers = int64_t{1} << 12;
+// n_heads.
+inline constexpr int64_t kHeads = int64_t{1} << 12;
+// vocab_size, n_classes, top_k, token ids in lists (ids are int32; the largest published
+// vocabulary has ~256k tokens).
+inline constexpr int64_t kVocab = int64_t{1} << 24;
+// positions.max_len, seq_len (bench, train), max_new_tokens: 1M rows.
+inline constexpr int64_t kSequence = int64_t{1} << 20;
+// positions.max_distance.
+inline constexpr int64_t kDistance = int64_t{1} << 16;
+// stem.token_types, stem.modalities.
+inline constexpr int64_t kTable = int64_t{1} << 16;
+// runtime.threads, runtime.workers, --threads: libgomp dies (SIGSEGV) when it cannot start them.
+inline constexpr int64_t kThreads = 1024;
+// runtime.batch_size, bench.batch, train.batch_size, train.accumulate, --batch-size.
+inline constexpr int64_t kBatch = int64_t{1} << 16;
+// train step counts: max_steps, warmup_steps, eval_every, log_every.
+inline constexpr int64_t kSteps = int64_t{1} << 40;
+// train.epochs.
+inline constexpr int64_t kEpochs = int64_t{1} << 20;
+// bench.reps, bench.warmup.
+inline constexpr int64_t kRepeats = int64_t{1} << 20;
+// train.keep, train.patience.
+inline constexpr int64_t kKeep = int64_t{1} << 16;
+// A model's parameters in all (4.4 trillion), added up without overflowing.
+inline constexpr int64_t kParameters = int64_t{1} << 42;
+}  // namespace limits
+
+// ---------------------------------------------------------------------------------------------
 // The model.
 
 enum class Arch : int { encoder = 0, decoder = 1 };

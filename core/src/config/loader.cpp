@@ -1,6 +1,8 @@
-// load_experiment: file -> tree (yaml_parse.cpp) -> --set overrides -> model.include -> a walk of
-// the tree against the schema (schema.cpp) -> resolution. Also Diagnostic(s) and Experiment::where.
-// The walk is generic: it knows sections and rules, never a particular key.
+// The config layer's load: file -> tree (yaml_parse.cpp) -> --set overrides -> model.include -> a
+// walk of the tree against the schema (schema.cpp) -> the resolve layer's step (plugins, Hugging
+// Face folders: core/src/resolve/world.cpp, which holds load_experiment) -> the rules across keys.
+// Also Diagnostic(s) and Experiment::where. The walk is generic: it knows sections and rules, never
+// a particular key; nothing here loads a plugin or reads a model folder.
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -373,8 +375,9 @@ class Loader {
     return with_value(*root, "model", merge_nodes(inc_model->value, rest));
   }
 
-  std::optional<Experiment> load(const std::string& text, const std::string& label, const std::string& shown_dir,
-                                 const fs::path& abs_dir) {
+  std::optional<Experiment> load(const std::string& text, const std::string& label,
+                                 const std::string& shown_dir, const fs::path& abs_dir,
+                                 const WorldStep& world) {
     add_file(label, shown_dir, abs_dir);
     c_->root = {label, 1, 1};
     NodePtr root = parse(text, label);
@@ -388,6 +391,7 @@ class Loader {
     const std::string canon = fs::weakly_canonical(abs_dir / fs::path(label).filename(), ec).string();
     root = resolve_includes(root, {canon}, {label});
     if (root->is_map()) walk_map(*root, "", *c_);
+    if (world) world(*c_);  // the resolve layer: plugins, Hugging Face folders
     resolve(*c_);
     if (!diags_->empty()) return std::nullopt;
     return std::move(*c_->exp);
@@ -401,8 +405,9 @@ class Loader {
   std::map<std::string, std::string> shown_dirs_;  // file as shown -> its directory as shown
 };
 
-std::optional<Experiment> load_text(const std::string& text, const std::string& label, const std::string& shown_dir,
-                                    const fs::path& abs_dir, const LoadOptions& options, Diagnostics* diags) {
+std::optional<Experiment> load_text(const std::string& text, const std::string& label,
+                                    const std::string& shown_dir, const fs::path& abs_dir,
+                                    const LoadOptions& options, Diagnostics* diags, const WorldStep& world) {
   Experiment exp;
   exp.file = (abs_dir / fs::path(label).filename()).lexically_normal().string();
   WalkContext c;
@@ -413,27 +418,30 @@ std::optional<Experiment> load_text(const std::string& text, const std::string& 
     diags->add({label, 0, 0}, "", why);
     return std::nullopt;
   }
-  return Loader(options, diags, &c).load(text, label, shown_dir, abs_dir);
+  return Loader(options, diags, &c).load(text, label, shown_dir, abs_dir, world);
 }
 
 }  // namespace
-}  // namespace config
 
-std::optional<Experiment> load_experiment(const std::string& path, const LoadOptions& options, Diagnostics* diags) {
+std::optional<Experiment> load_file(const std::string& path, const LoadOptions& options, Diagnostics* diags,
+                                    const WorldStep& world) {
   std::string text, why;
   if (!config::read_file(path, options.max_file_bytes, &text, &why)) {
     diags->add({path, 0, 0}, "", "cannot read file: " + why);
     return std::nullopt;
   }
   const fs::path shown_dir = fs::path(path).parent_path();
-  return config::load_text(text, path, shown_dir.string(), fs::absolute(shown_dir.empty() ? "." : shown_dir),
-                           options, diags);
+  return load_text(text, path, shown_dir.string(), fs::absolute(shown_dir.empty() ? "." : shown_dir), options,
+                   diags, world);
 }
 
-std::optional<Experiment> load_experiment_from_string(const std::string& yaml, const std::string& label,
-                                                      const std::string& base_dir, const LoadOptions& options,
-                                                      Diagnostics* diags) {
-  return config::load_text(yaml, label, base_dir, fs::absolute(base_dir.empty() ? "." : base_dir), options, diags);
+std::optional<Experiment> load_string(const std::string& yaml, const std::string& label,
+                                      const std::string& base_dir, const LoadOptions& options,
+                                      Diagnostics* diags, const WorldStep& world) {
+  return load_text(yaml, label, base_dir, fs::absolute(base_dir.empty() ? "." : base_dir), options, diags,
+                   world);
 }
+
+}  // namespace config
 
 }  // namespace tessera

@@ -2,7 +2,6 @@
 // and checked, how it is printed, and the defaults and consistency rules that involve several keys.
 // The walk over the YAML tree and the file handling live in loader.cpp.
 #include "config/schema.h"
-#include "tessera/plugins.h"
 
 #include <algorithm>
 #include <charconv>
@@ -18,8 +17,8 @@
 #include <utility>
 
 #include "config/expr.h"
-#include "tessera/hf.h"
 #include "tessera/model.h"
+#include "tessera/plugins.h"
 #include "tessera/random.h"
 
 namespace tessera {
@@ -195,11 +194,52 @@ struct IntBound {
   int64_t min;
   const char* text;  // "> 0", ">= 1", ">= 0"
   int64_t max = std::numeric_limits<int64_t>::max();
+  const char* why = nullptr;  // why max is the limit (tessera/config.h, limits), for the hint
+  // As the schema's type column writes it: "int > 0, at most 65536".
+  std::string type() const {
+    std::string t = std::string("int ") + text;
+    if (max != std::numeric_limits<int64_t>::max()) t += ", at most " + std::to_string(max);
+    return t;
+  }
 };
 constexpr IntBound kPositive{1, "> 0"};
 constexpr IntBound kAtLeastOne{1, ">= 1"};
 constexpr IntBound kNonNegative{0, ">= 0"};
-constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// The limits of sizes (tessera/config.h), each with its reason. Every one keeps the products the
+// runtime forms from it inside 64 bits; the machine's memory is the memory plan's business.
+constexpr const char* kWhyWidth = "over 5 times the widest published model (GPT-3: 12288)";
+constexpr const char* kWhyHidden = "over 14 times the widest published feed-forward layer (PaLM: 73728)";
+constexpr const char* kWhyLayers = "over 30 times the deepest published transformer";
+constexpr const char* kWhyHeads = "far more heads than any published model (at most 128)";
+constexpr const char* kWhyVocab =
+    "token ids are 32-bit, and 2^24 is 64 times the largest published vocabulary";
+constexpr const char* kWhySequence =
+    "2^20 rows; one such sequence's attention scores are already 4 TiB per head";
+constexpr const char* kWhyTable = "a table of embeddings far larger than any model's";
+constexpr const char* kWhyThreads =
+    "more threads than any machine has cores; the OpenMP runtime crashes when it cannot start them";
+constexpr const char* kWhyBatch = "2^16 sequences per batch";
+constexpr const char* kWhyCount = "far more than any run needs";
+IntBound upto(IntBound b, int64_t max, const char* why) {
+  b.max = max;
+  b.why = why;
+  return b;
+}
+const IntBound kWidthBound = upto(kPositive, limits::kWidth, kWhyWidth);
+const IntBound kHeadsBound = upto(kAtLeastOne, limits::kHeads, kWhyHeads);
+const IntBound kVocabBound = upto(kPositive, limits::kVocab, kWhyVocab);
+const IntBound kSequenceBound = upto(kAtLeastOne, limits::kSequence, kWhySequence);
+const IntBound kBatchBound = upto(kAtLeastOne, limits::kBatch, kWhyBatch);
+const IntBound kThreadsBound = upto(kNonNegative, limits::kThreads, kWhyThreads);
+const IntBound kStepsBound = upto(kNonNegative, limits::kSteps, kWhyCount);
+
+// "4611686018427387904 is more than the limit 1048576" (and why, as the hint).
+void over_limit(const Node& n, const std::string& key, WalkContext& c, const IntBound& b,
+                const std::string& what) {
+  c.error(n, key, what + n.text + " is more than the limit " + std::to_string(b.max),
+          b.why ? std::string(b.why) : std::string());
+}
 
 // `what` prefixes the problem ("entry 3: ") when the value is one entry of a list.
 bool read_int(const Node& n, const std::string& key, WalkContext& c, const IntBound& b, int64_t* out,
@@ -215,7 +255,7 @@ bool read_int(const Node& n, const std::string& key, WalkContext& c, const IntBo
     if (n.text[0] == '-') {
       c.error(n, key, what + "must be " + b.text + ", found " + n.text);
     } else {
-      c.error(n, key, what + "must be at most " + std::to_string(b.max) + ", found " + n.text);
+      over_limit(n, key, c, b, what);
     }
     return false;
   }
@@ -400,7 +440,7 @@ template <class Get>
 KeyRule int_key(std::string path, IntBound b, std::string def, std::string meaning, Get get,
                 bool nullable = false) {
   KeyRule r;
-  r.spec = {std::move(path), std::string("int ") + b.text, std::move(def), std::move(meaning)};
+  r.spec = {std::move(path), b.type(), std::move(def), std::move(meaning)};
   r.nullable = nullable;
   r.read = [get, b](const Node& n, const std::string& key, WalkContext& c) {
     int64_t v = 0;
@@ -669,7 +709,7 @@ KeyRule int_list_key(std::string path, IntBound b, std::string meaning, std::vec
                      std::function<const std::vector<int64_t>&(const Experiment&)> cget) {
   (void)dummy;
   KeyRule r;
-  r.spec = {std::move(path), std::string("list of ints ") + b.text, "[]", std::move(meaning)};
+  r.spec = {std::move(path), "list of ints" + b.type().substr(3), "[]", std::move(meaning)};
   r.read = [get, b](const Node& n, const std::string& key, WalkContext& c) {
     if (!n.is_sequence()) {
       c.error(n, key, "expected a list of ints, found " + describe(n));
@@ -900,30 +940,35 @@ KeyRule plugins_key() {
             "the modality plugins that turn each item into token rows, in sequence order; each names a plugin "
             "(libtessera_<name>.so on the plugin search path), optionally its file or folder (`path`, relative to "
             "the YAML file), and its options (listed by `tessera plugins --options`)"};
+  // The shape of each entry is checked here; finding and loading the plugins and checking their
+  // options against what each declares is the resolve layer's (core/src/resolve/), which calls
+  // read_plugin_options with the loaded plugin's option list.
   r.read = [](const Node& n, const std::string& key, WalkContext& c) {
     if (!n.is_sequence()) {
       c.error(n, key, "expected a list of plugins (- name: text ...), found " + describe(n));
       return false;
     }
     bool ok = true;
-    std::vector<PluginConfig> out;
+    std::vector<PluginRequest> requests;
     for (size_t i = 0; i < n.items.size(); ++i) {
       const Node& item = *n.items[i];
-      const std::string at = key + "[" + std::to_string(i) + "]";
+      PluginRequest q;
+      q.at = key + "[" + std::to_string(i) + "]";
+      const std::string& at = q.at;
       if (!item.is_map()) {
         c.error(item, at, "expected a mapping (name:, path:, options:), found " + describe(item));
         ok = false;
         continue;
       }
-      PluginConfig pc;
-      pc.where = item.pos.location();
-      const Node* name = nullptr;
-      const Node* path = nullptr;
-      const Node* options = nullptr;
+      q.item = &item;
+      q.config.where = item.pos.location();
       for (const MapEntry& e : item.entries) {
-        if (e.key == "name") name = e.value.get();
-        else if (e.key == "path") path = e.value.get();
-        else if (e.key == "options") options = e.value.get();
+        if (e.key == "name")
+          q.name = e.value.get();
+        else if (e.key == "path")
+          q.path = e.value.get();
+        else if (e.key == "options")
+          q.options = e.value.get();
         else {
           const std::string near = nearest(e.key, {"name", "path", "options"});
           c.error(e.key_pos.location(), at + "." + e.key, "unknown key",
@@ -931,96 +976,36 @@ KeyRule plugins_key() {
           ok = false;
         }
       }
-      if (!name) {
+      if (!q.name) {
         c.error(item, at, "missing key `name`", "add `name: <plugin>` (see `tessera plugins`)");
         ok = false;
         continue;
       }
-      if (!read_string(*name, at + ".name", c, &pc.name)) {
+      if (!read_string(*q.name, at + ".name", c, &q.config.name)) {
         ok = false;
         continue;
       }
-      std::vector<std::string> dirs;
-      std::string file;
-      if (path && !path->is_null()) {
+      if (q.path && !q.path->is_null()) {
         std::string p;
-        if (!read_path(*path, at + ".path", c, true, &p)) {
+        if (!read_path(*q.path, at + ".path", c, true, &p)) {
           ok = false;
           continue;
         }
-        if (std::filesystem::is_directory(p)) dirs.push_back(p);
-        else file = p;
+        if (std::filesystem::is_directory(p))
+          q.dirs.push_back(p);
+        else
+          q.config.file = p;
       }
-      if (file.empty()) {
-        Result<std::string> found = find_plugin(pc.name, dirs);
-        if (!found.ok()) {
-          c.error(*name, at + ".name", found.status().message());
-          ok = false;
-          continue;
-        }
-        file = *found;
-      }
-      Result<std::shared_ptr<const Plugin>> plugin = Plugin::load(file);
-      if (!plugin.ok()) {
-        c.error(path ? *path : *name, at + (path ? ".path" : ".name"), plugin.status().message());
+      if (q.options && !q.options->is_null() && !q.options->is_map()) {
+        c.error(*q.options, at + ".options", "expected a mapping of options, found " + describe(*q.options));
         ok = false;
         continue;
       }
-      if ((*plugin)->name() != pc.name) {
-        c.error(*name, at + ".name", file + " is plugin \"" + (*plugin)->name() + "\", not \"" + pc.name + "\"");
-        ok = false;
-        continue;
-      }
-      pc.file = file;
-      std::map<std::string, std::string> given;
-      std::vector<std::string> known;
-      for (const PluginOptionSpec& o : (*plugin)->options()) known.push_back(o.name);
-      if (options && !options->is_null() && !options->is_map()) {
-        c.error(*options, at + ".options", "expected a mapping of options, found " + describe(*options));
-        ok = false;
-        continue;
-      }
-      for (size_t e = 0; options && options->is_map() && e < options->entries.size(); ++e) {
-        const MapEntry& entry = options->entries[e];
-        const std::string okey = at + ".options." + entry.key;
-        auto spec = std::find_if((*plugin)->options().begin(), (*plugin)->options().end(),
-                                 [&](const PluginOptionSpec& o) { return o.name == entry.key; });
-        if (spec == (*plugin)->options().end()) {
-          const std::string near = nearest(entry.key, known);
-          std::string list;
-          for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-          c.error(entry.key_pos.location(), okey, "unknown option of plugin " + pc.name,
-                  near.empty() ? "its options: " + list : "did you mean `" + near + "`?");
-          ok = false;
-          continue;
-        }
-        std::string value;
-        if (!read_plugin_option(*entry.value, okey, c, *spec, &value)) {
-          ok = false;
-          continue;
-        }
-        given[entry.key] = value;
-        pc.option_where[entry.key] = entry.key_pos.location();
-        c.exp->locations[okey] = entry.key_pos.location();
-      }
-      for (const PluginOptionSpec& o : (*plugin)->options()) {
-        auto g = given.find(o.name);
-        if (g != given.end()) {
-          pc.options.emplace_back(o.name, g->second);
-          pc.option_types.push_back(o.type);
-        } else if (o.default_value) {
-          pc.options.emplace_back(o.name, *o.default_value);
-          pc.option_types.push_back(o.type);
-        } else {
-          c.error(options ? *options : item, at + ".options." + o.name,
-                  "missing option `" + o.name + "` (required by plugin " + pc.name + ": " + o.meaning + ")",
-                  "add `" + o.name + ": <" + option_type_name(o.type) + ">` under options:");
-          ok = false;
-        }
-      }
-      out.push_back(std::move(pc));
+      requests.push_back(std::move(q));
     }
-    if (ok) c.exp->plugins = std::move(out);
+    // The well-formed entries are resolved even when others are not, so that every problem is
+    // reported at once; the experiment gets plugins only when all of them are fine.
+    c.plugin_requests = std::move(requests);
     return ok;
   };
   r.print = [](const Experiment& e) {
@@ -1057,14 +1042,17 @@ std::vector<KeyRule> build_rules() {
   r.push_back(enum_key("model.arch", kArchNames, "encoder", "encoder or decoder stack", FIELD(model.arch)));
   r.push_back(bool_key("model.causal", "true if arch is decoder, else false",
                        "each row attends only to itself and earlier rows", FIELD(model.causal)));
-  r.push_back(int_key("model.d_model", kPositive, "required", "width of every row between blocks (C)",
+  r.push_back(int_key("model.d_model", kWidthBound, "required", "width of every row between blocks (C)",
                       FIELD(model.d_model)));
-  r.push_back(int_key("model.n_layers", kAtLeastOne, "1", "number of blocks", FIELD(model.n_layers)));
-  r.push_back(int_key("model.n_heads", kAtLeastOne, "1", "attention heads per block (H)", FIELD(model.n_heads)));
-  r.push_back(int_key("model.d_k", kPositive, "d_model / n_heads", "query and key width of each head (D)",
+  r.push_back(int_key("model.n_layers", upto(kAtLeastOne, limits::kLayers, kWhyLayers), "1",
+                      "number of blocks", FIELD(model.n_layers)));
+  r.push_back(
+      int_key("model.n_heads", kHeadsBound, "1", "attention heads per block (H)", FIELD(model.n_heads)));
+  r.push_back(int_key("model.d_k", kWidthBound, "d_model / n_heads", "query and key width of each head (D)",
                       FIELD(model.d_k)));
-  r.push_back(int_key("model.d_v", kPositive, "d_model / n_heads", "value width of each head", FIELD(model.d_v)));
-  r.push_back(int_key("model.d_ff", kNonNegative, "4 * d_model",
+  r.push_back(
+      int_key("model.d_v", kWidthBound, "d_model / n_heads", "value width of each head", FIELD(model.d_v)));
+  r.push_back(int_key("model.d_ff", upto(kNonNegative, limits::kHidden, kWhyHidden), "4 * d_model",
                       "hidden width of the feed-forward sublayer; 0 = no feed-forward sublayer",
                       FIELD(model.d_ff)));
   r.push_back(enum_key("model.activation", kActivationNames, "relu",
@@ -1088,15 +1076,15 @@ std::vector<KeyRule> build_rules() {
                        FIELD(model.attention.output_projection)));
   r.push_back(enum_key("model.positions.kind", kPositionNames, "none", "how row positions enter the model",
                        FIELD(model.positions.kind)));
-  r.push_back(int_key("model.positions.max_len", kPositive, "512",
+  r.push_back(int_key("model.positions.max_len", upto(kPositive, limits::kSequence, kWhySequence), "512",
                       "longest sequence: rows of the learned table, limit for sinusoidal",
                       FIELD(model.positions.max_len)));
-  r.push_back(int_key("model.positions.max_distance", kPositive, "16",
+  r.push_back(int_key("model.positions.max_distance", upto(kPositive, limits::kDistance, kWhyTable), "16",
                       "relative only: offsets are clipped to [-max_distance, max_distance]",
                       FIELD(model.positions.max_distance)));
   r.push_back(float_key("model.positions.base", "10000", "frequency base of sinusoidal and rotary positions",
                         FIELD(model.positions.base)));
-  r.push_back(int_key("model.positions.rotary_dims", kPositive, "d_k",
+  r.push_back(int_key("model.positions.rotary_dims", kWidthBound, "d_k",
                       "rotary only: leading dims of each head that are rotated; even, at most d_k",
                       FIELD(model.positions.rotary_dims)));
   r.push_back(enum_key("model.positions.rotary_style", kRotaryNames, "half",
@@ -1105,16 +1093,17 @@ std::vector<KeyRule> build_rules() {
                        "input rows: token ids looked up in a table, feature rows projected to d_model, "
                        "rows already d_model wide, or mixed (token and feature rows in one sequence)",
                        FIELD(model.stem.kind)));
-  r.push_back(int_key("model.stem.vocab_size", kPositive, "required if kind is tokens or mixed",
+  r.push_back(int_key("model.stem.vocab_size", kVocabBound, "required if kind is tokens or mixed",
                       "rows of the token embedding table (V)", FIELD(model.stem.vocab_size), true));
-  r.push_back(int_key("model.stem.n_features", kPositive, "required if kind is features or mixed",
-                      "width of each feature row", FIELD(model.stem.n_features), true));
+  r.push_back(int_key("model.stem.n_features", upto(kPositive, limits::kHidden, kWhyHidden),
+                      "required if kind is features or mixed", "width of each feature row",
+                      FIELD(model.stem.n_features), true));
   r.push_back(bool_key("model.stem.cls", "false",
                        "features, mixed: a learned CLS row (rows whose role is CLS, or one prepended row)",
                        FIELD(model.stem.cls)));
   r.push_back(enum_key("model.stem.scale", kEmbedScaleNames, "none",
                        "multiply the stem's rows by sqrt(d_model), as in 2017", FIELD(model.stem.scale)));
-  r.push_back(int_key("model.stem.token_types", {0, ">= 0", kIntMax}, "0",
+  r.push_back(int_key("model.stem.token_types", upto(kNonNegative, limits::kTable, kWhyTable), "0",
                       "tokens, mixed: rows of a learned token-type embedding added to each token row (BERT)",
                       FIELD(model.stem.token_types)));
   r.push_back(bool_key("model.stem.norm", "false", "a layer norm over the stem's rows after positions (BERT)",
@@ -1124,9 +1113,9 @@ std::vector<KeyRule> build_rules() {
   r.push_back(bool_key("model.stem.token_dropout", "false",
                        "ESM-2: zero the mask token's rows and rescale each sequence by its masked share",
                        FIELD(model.stem.token_dropout)));
-  r.push_back(int_key("model.stem.mask_id", {-1, ">= -1", kIntMax}, "-1", "token_dropout: the mask token's id",
-                      FIELD(model.stem.mask_id)));
-  r.push_back(int_key("model.stem.modalities", {0, ">= 0", kIntMax}, "0",
+  r.push_back(int_key("model.stem.mask_id", upto({-1, ">= -1"}, limits::kVocab, kWhyVocab), "-1",
+                      "token_dropout: the mask token's id", FIELD(model.stem.mask_id)));
+  r.push_back(int_key("model.stem.modalities", upto(kNonNegative, limits::kTable, kWhyTable), "0",
                       "> 0: a learned embedding per modality (per plugin, in order), added to each row",
                       FIELD(model.stem.modalities)));
   r.push_back(enum_key("model.head.kind", kHeadNames, "none",
@@ -1136,8 +1125,8 @@ std::vector<KeyRule> build_rules() {
                        "how rows are pooled for pool and classifier heads; cls needs stem.cls",
                        FIELD(model.head.pool)));
   r.push_back(bool_key("model.head.normalize", "false", "L2-normalise the pooled vector", FIELD(model.head.normalize)));
-  r.push_back(int_key("model.head.n_classes", kPositive, "required if kind is classifier", "number of classes",
-                      FIELD(model.head.n_classes), true));
+  r.push_back(int_key("model.head.n_classes", kVocabBound, "required if kind is classifier",
+                      "number of classes", FIELD(model.head.n_classes), true));
   r.push_back(string_list_key("model.head.labels", "class names; if given, n_classes of them", FIELD(model.head.labels)));
   r.push_back(bool_key("model.head.tied", "true",
                        "lm only: logits through the token embedding table; needs stem.kind tokens",
@@ -1164,16 +1153,16 @@ std::vector<KeyRule> build_rules() {
   r.push_back(string_list_key("input.tokens", "labels of the input rows, for display", FIELD(input.tokens)));
   r.push_back(input_rows_key());
   r.push_back(input_ids_key());
-  r.push_back(int_key("runtime.threads", {0, ">= 0", kIntMax}, "0", "intra-op threads; 0 = all cores",
+  r.push_back(int_key("runtime.threads", kThreadsBound, "0", "intra-op threads; 0 = all cores",
                       FIELD(runtime.threads)));
   r.push_back(bool_key("runtime.reference", "false", "run the reference loops instead of oneDNN (slow; for checking)",
                        FIELD(runtime.reference)));
-  r.push_back(int_key("runtime.batch_size", kAtLeastOne, "8", "tessera run: items per forward pass",
+  r.push_back(int_key("runtime.batch_size", kBatchBound, "8", "tessera run: items per forward pass",
                       FIELD(runtime.batch_size)));
   r.push_back(bool_key("runtime.packing", "false",
                        "tessera run: pack several sequences into each batch row instead of padding them",
                        FIELD(runtime.packing)));
-  r.push_back(int_key("runtime.workers", {0, ">= 0", kIntMax}, "1",
+  r.push_back(int_key("runtime.workers", kThreadsBound, "1",
                       "tessera run: threads decoding items with the plugins while the model runs; 0 = none",
                       FIELD(runtime.workers)));
   r.push_back(plugins_key());
@@ -1199,26 +1188,31 @@ std::vector<KeyRule> build_rules() {
                        "score: next-token probabilities and the sequence's log-likelihood; generate: continue "
                        "each item's text (task.generate)",
                        FIELD(task.kind)));
-  r.push_back(int_key("task.top_k", kAtLeastOne, "5", "classify, score: how many classes or tokens to report",
-                      FIELD(task.top_k)));
+  r.push_back(int_key("task.top_k", upto(kAtLeastOne, limits::kVocab, kWhyVocab), "5",
+                      "classify, score: how many classes or tokens to report", FIELD(task.top_k)));
   r.push_back(task_labels_key());
-  r.push_back(int_list_key("task.attention.layers", kNonNegative, "export the attention weights of these layers",
-                           nullptr, [](Experiment& e) -> std::vector<int64_t>& { return e.task.attention.layers; },
-                           [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.attention.layers; }));
-  r.push_back(int_list_key("task.attention.heads", kNonNegative, "of these heads; [] = every head", nullptr,
-                           [](Experiment& e) -> std::vector<int64_t>& { return e.task.attention.heads; },
-                           [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.attention.heads; }));
+  r.push_back(int_list_key(
+      "task.attention.layers", upto(kNonNegative, limits::kLayers, kWhyLayers),
+      "export the attention weights of these layers", nullptr,
+      [](Experiment& e) -> std::vector<int64_t>& { return e.task.attention.layers; },
+      [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.attention.layers; }));
+  r.push_back(int_list_key(
+      "task.attention.heads", upto(kNonNegative, limits::kHeads, kWhyHeads),
+      "of these heads; [] = every head", nullptr,
+      [](Experiment& e) -> std::vector<int64_t>& { return e.task.attention.heads; },
+      [](const Experiment& e) -> const std::vector<int64_t>& { return e.task.attention.heads; }));
   r.push_back(bool_key("task.attention.png", "true", "also draw each exported map as a PNG heatmap",
                        FIELD(task.attention.png)));
-  r.push_back(int_key("task.generate.max_new_tokens", kAtLeastOne, "32",
+  r.push_back(int_key("task.generate.max_new_tokens", kSequenceBound, "32",
                       "generate: most new tokens per item (fewer where positions.max_len runs out)",
                       FIELD(task.generate.max_new_tokens)));
   r.push_back(float_range_key("task.generate.temperature", ">= 0", [](double v) { return v >= 0; }, "0",
                               "generate: 0 picks the most likely token (greedy); > 0 samples from the "
                               "logits divided by it",
                               FIELD(task.generate.temperature)));
-  r.push_back(int_key("task.generate.top_k", kNonNegative, "0",
-                      "generate, sampling: only the k most likely tokens; 0 = all", FIELD(task.generate.top_k)));
+  r.push_back(int_key("task.generate.top_k", upto(kNonNegative, limits::kVocab, kWhyVocab), "0",
+                      "generate, sampling: only the k most likely tokens; 0 = all",
+                      FIELD(task.generate.top_k)));
   r.push_back(float_range_key("task.generate.top_p", "in (0, 1]", [](double v) { return v > 0 && v <= 1; }, "1",
                               "generate, sampling: only the most likely tokens whose probabilities add up to "
                               "top_p (nucleus); 1 = all",
@@ -1235,7 +1229,7 @@ std::vector<KeyRule> build_rules() {
                               "completion is cut before it",
                               FIELD(task.generate.stop)));
   r.push_back(int_list_key(
-      "task.generate.stop_ids", kNonNegative,
+      "task.generate.stop_ids", upto(kNonNegative, limits::kVocab, kWhyVocab),
       "generate: an item stops after generating one of these tokens (e.g. GPT-2's 50256), with "
       "finish_reason stop; the plugin's own EOS, when it ends the prompt, stops it with eos",
       nullptr, [](Experiment& e) -> std::vector<int64_t>& { return e.task.generate.stop_ids; },
@@ -1244,11 +1238,13 @@ std::vector<KeyRule> build_rules() {
                          "the run folder, relative to the current directory", FIELD(outputs.dir)));
   r.push_back(bool_key("outputs.provenance", "true", "write each row's provenance (rows.jsonl)",
                        FIELD(outputs.provenance)));
-  r.push_back(int_key("bench.batch", kAtLeastOne, "1", "sequences per batch (B)", FIELD(bench.batch)));
-  r.push_back(int_key("bench.seq_len", kAtLeastOne, "min(positions.max_len, 128)", "rows per sequence (T)",
+  r.push_back(int_key("bench.batch", kBatchBound, "1", "sequences per batch (B)", FIELD(bench.batch)));
+  r.push_back(int_key("bench.seq_len", kSequenceBound, "min(positions.max_len, 128)", "rows per sequence (T)",
                       FIELD(bench.seq_len)));
-  r.push_back(int_key("bench.warmup", {0, ">= 0", kIntMax}, "2", "untimed runs before timing", FIELD(bench.warmup)));
-  r.push_back(int_key("bench.reps", {1, ">= 1", kIntMax}, "10", "timed runs", FIELD(bench.reps)));
+  r.push_back(int_key("bench.warmup", upto(kNonNegative, limits::kRepeats, kWhyCount), "2",
+                      "untimed runs before timing", FIELD(bench.warmup)));
+  r.push_back(int_key("bench.reps", upto(kAtLeastOne, limits::kRepeats, kWhyCount), "10", "timed runs",
+                      FIELD(bench.reps)));
   append_train_keys(r);
   return r;
 }
@@ -1260,19 +1256,21 @@ void append_train_keys(std::vector<KeyRule>& r) {
                        "classify (labels of a classifier head), lm (next-token loss of an LM head) or mlm (masked-LM "
                        "loss of a non-causal model's LM head, BERT/ESM style); auto: the head decides (lm for an LM head)",
                        FIELD(train.objective)));
-  r.push_back(int_key("train.epochs", kAtLeastOne, "1", "passes over the training data", FIELD(train.epochs)));
-  r.push_back(int_key("train.max_steps", kNonNegative, "0", "optimizer steps in all; 0: epochs decide",
+  r.push_back(int_key("train.epochs", upto(kAtLeastOne, limits::kEpochs, kWhyCount), "1",
+                      "passes over the training data", FIELD(train.epochs)));
+  r.push_back(int_key("train.max_steps", kStepsBound, "0", "optimizer steps in all; 0: epochs decide",
                       FIELD(train.max_steps)));
   r.push_back(float_range_key("train.max_minutes", ">= 0", [](double v) { return v >= 0 && v <= 1e6; }, "0",
                               "wall-clock budget of the whole command in minutes: the first steps and one evaluation "
                               "are timed, then the step count is settled to fit (at most max_steps or epochs) and "
                               "kept by --resume; 0: none",
                               FIELD(train.max_minutes)));
-  r.push_back(int_key("train.batch_size", kAtLeastOne, "32", "examples per optimizer step", FIELD(train.batch_size)));
-  r.push_back(int_key("train.accumulate", kAtLeastOne, "1",
+  r.push_back(
+      int_key("train.batch_size", kBatchBound, "32", "examples per optimizer step", FIELD(train.batch_size)));
+  r.push_back(int_key("train.accumulate", kBatchBound, "1",
                       "micro-batches per step (gradient accumulation): batch_size must divide by it",
                       FIELD(train.accumulate)));
-  r.push_back(int_key("train.seq_len", kAtLeastOne, "min(positions.max_len, 128)",
+  r.push_back(int_key("train.seq_len", kSequenceBound, "min(positions.max_len, 128)",
                       "lm: rows per training window of the token stream", FIELD(train.seq_len)));
   r.push_back(int_key("train.seed", kNonNegative, "0", "seed of the data order, the validation split and the windows",
                       FIELD(train.seed)));
@@ -1297,7 +1295,7 @@ void append_train_keys(std::vector<KeyRule>& r) {
   r.push_back(enum_key("train.schedule", kScheduleNames, "cosine",
                        "the learning rate after warmup: cosine or linear decay to min_lr_ratio, or constant",
                        FIELD(train.schedule)));
-  r.push_back(int_key("train.warmup_steps", kNonNegative, "0", "steps of linear warmup from 0",
+  r.push_back(int_key("train.warmup_steps", kStepsBound, "0", "steps of linear warmup from 0",
                       FIELD(train.warmup_steps)));
   r.push_back(float_range_key("train.min_lr_ratio", "in [0, 1]", [](double v) { return v >= 0 && v <= 1; }, "0",
                               "the learning rate at the last step, as a share of lr", FIELD(train.min_lr_ratio)));
@@ -1321,18 +1319,19 @@ void append_train_keys(std::vector<KeyRule>& r) {
                              "idx: the labels file of validation_data's images (as data.labels is data.path's)", false));
   r.push_back(train_data_key("train.test_labels", &TrainConfig::test_labels,
                              "idx: the labels file of test_data's images (as data.labels is data.path's)", false));
-  r.push_back(int_key("train.eval_every", kNonNegative, "0", "steps between evaluations; 0: at the end of each epoch",
-                      FIELD(train.eval_every)));
+  r.push_back(int_key("train.eval_every", kStepsBound, "0",
+                      "steps between evaluations; 0: at the end of each epoch", FIELD(train.eval_every)));
   r.push_back(enum_key("train.metric", kMetricNames, "auto",
                        "what picks the best checkpoint and early stopping: accuracy (classify; mlm: at the masked "
                        "rows) or loss (lm, mlm)",
                        FIELD(train.metric)));
-  r.push_back(int_key("train.patience", kNonNegative, "0",
-                      "stop after this many evaluations without a better metric; 0: never", FIELD(train.patience)));
-  r.push_back(int_key("train.keep", kAtLeastOne, "2", "checkpoints kept (the best is kept as well)",
-                      FIELD(train.keep)));
-  r.push_back(int_key("train.log_every", kAtLeastOne, "10", "steps between metrics.jsonl lines",
-                      FIELD(train.log_every)));
+  r.push_back(int_key("train.patience", upto(kNonNegative, limits::kKeep, kWhyCount), "0",
+                      "stop after this many evaluations without a better metric; 0: never",
+                      FIELD(train.patience)));
+  r.push_back(int_key("train.keep", upto(kAtLeastOne, limits::kKeep, kWhyCount), "2",
+                      "checkpoints kept (the best is kept as well)", FIELD(train.keep)));
+  r.push_back(int_key("train.log_every", upto(kAtLeastOne, limits::kSteps, kWhyCount), "10",
+                      "steps between metrics.jsonl lines", FIELD(train.log_every)));
   r.push_back(string_key("train.separator", "\"\\n\"",
                          "lm: written between consecutive items of the token stream (a text file's line breaks); "
                          "\"\": the items run together",
@@ -1345,8 +1344,8 @@ void append_train_keys(std::vector<KeyRule>& r) {
                        FIELD(train.baseline)));
   r.push_back(float_range_key("train.add_k", "> 0", [](double v) { return v > 0; }, "1",
                               "unigram, bigram: added to every count (add-k smoothing)", FIELD(train.add_k)));
-  r.push_back(int_key("train.window", kAtLeastOne, "8", "proximity: how many preceding tokens are averaged",
-                      FIELD(train.window)));
+  r.push_back(int_key("train.window", kSequenceBound, "8",
+                      "proximity: how many preceding tokens are averaged", FIELD(train.window)));
   r.push_back(float_range_key("train.mask_prob", "in (0, 1)", [](double v) { return v > 0 && v < 1; }, "0.15",
                               "mlm: share of each example's content rows chosen for the loss (what becomes of them: "
                               "train.mask_replace, train.mask_random)",
@@ -1358,9 +1357,10 @@ void append_train_keys(std::vector<KeyRule>& r) {
                               "mlm: share of the chosen rows replaced by a random ordinary token (the rest, "
                               "1 - mask_replace - mask_random, are left as they are); the two add up to at most 1",
                               FIELD(train.mask_random)));
-  r.push_back(int_key("train.mask_id", {-1, ">= -1", kIntMax}, "-1",
-                      "mlm: the mask token's id; -1: the plugin's ([MASK] of a WordPiece vocabulary, ESM's <mask>)",
-                      FIELD(train.mask_id)));
+  r.push_back(
+      int_key("train.mask_id", upto({-1, ">= -1"}, limits::kVocab, kWhyVocab), "-1",
+              "mlm: the mask token's id; -1: the plugin's ([MASK] of a WordPiece vocabulary, ESM's <mask>)",
+              FIELD(train.mask_id)));
   // A section of its own inside train: last, so that train's keys stay in one piece (to_yaml).
   r.push_back(float_range_key("train.dropout.embedding", "in [0, 1)", +unit, "0",
                               "dropout on the stem's output (embeddings and positions summed) while training",
@@ -1381,19 +1381,90 @@ void append_train_keys(std::vector<KeyRule>& r) {
 std::string str(int64_t v) { return std::to_string(v); }
 std::string count(int64_t n, const std::string& noun) { return str(n) + " " + noun + (n == 1 ? "" : "s"); }
 
-// model.from: hf: the folder gives the model; only name, dtype and head keys may be written beside
-// it, and they override what the folder says. The experiment's plugin of the folder's modality
-// gets the folder's options (vocabulary, image size, mean and std, mel settings) unless the YAML
-// sets them.
-void resolve_hf_model(WalkContext& c) {
-  ModelConfig& m = c.exp->model;
+}  // namespace
+
+// Sizes of a resolved model that no key's bound covers: a Hugging Face folder's (its config.json is
+// not read through the keys' rules, so every size is checked again here), and the products of
+// several keys: the heads' widths, and the parameter count, added up without overflowing. `origin`
+// names where the sizes came from when it is not the YAML ("/m/config.json sets it to ").
+// Returns false when a size is refused; the model's parameters are not computed then.
+bool check_model_sizes(const ModelConfig& m, WalkContext& c, const Location& at, const std::string& origin) {
+  struct Size {
+    const char* key;
+    int64_t value;
+    IntBound bound;
+  };
+  const Size sizes[] = {
+      {"model.d_model", m.d_model, kWidthBound},
+      {"model.n_layers", m.n_layers, upto(kAtLeastOne, limits::kLayers, kWhyLayers)},
+      {"model.n_heads", m.n_heads, kHeadsBound},
+      {"model.d_k", m.d_k, kWidthBound},
+      {"model.d_v", m.d_v, kWidthBound},
+      {"model.d_ff", m.d_ff, upto(kNonNegative, limits::kHidden, kWhyHidden)},
+      {"model.positions.max_len", m.positions.max_len, upto(kPositive, limits::kSequence, kWhySequence)},
+      {"model.positions.max_distance", m.positions.max_distance,
+       upto(kPositive, limits::kDistance, kWhyTable)},
+      {"model.stem.vocab_size", m.stem.vocab_size, upto(kNonNegative, limits::kVocab, kWhyVocab)},
+      {"model.stem.n_features", m.stem.n_features, upto(kNonNegative, limits::kHidden, kWhyHidden)},
+      {"model.stem.token_types", m.stem.token_types, upto(kNonNegative, limits::kTable, kWhyTable)},
+      {"model.stem.modalities", m.stem.modalities, upto(kNonNegative, limits::kTable, kWhyTable)},
+      {"model.head.n_classes", m.head.n_classes, upto(kNonNegative, limits::kVocab, kWhyVocab)},
+  };
+  bool ok = true;
+  for (const Size& s : sizes) {
+    if (c.is_bad(s.key)) {
+      ok = false;
+      continue;
+    }
+    if (s.value >= s.bound.min && s.value <= s.bound.max) continue;
+    const std::string v = std::to_string(s.value);
+    c.error(at, s.key,
+            origin + v +
+                (s.value > s.bound.max ? ", more than the limit " + std::to_string(s.bound.max)
+                                       : ", but it must be " + std::string(s.bound.text)),
+            s.value > s.bound.max && s.bound.why ? s.bound.why : "");
+    ok = false;
+  }
+  if (!ok) return false;
+  // Each head's queries, keys and values side by side: (T, n_heads * d_k) and (T, n_heads * d_v).
+  for (const auto& [key, d] : {std::pair{"model.d_k", m.d_k}, std::pair{"model.d_v", m.d_v}}) {
+    if (m.n_heads * d <= limits::kHidden) continue;  // both at most 2^16: no overflow
+    c.error(c.exp->locations.count(key) ? c.where(key) : at, key,
+            "n_heads * " + std::string(key + 6) + " is " + std::to_string(m.n_heads * d) +
+                ", more than the limit " + std::to_string(limits::kHidden) + " for the heads side by side",
+            "fewer heads, or narrower ones");
+    ok = false;
+  }
+  if (!ok) return false;
+  int64_t total = 0;
+  for (const ParamSpec& p : parameter_specs(m)) {
+    int64_t n = 1;
+    bool over = false;
+    for (int64_t d : p.shape) over = over || __builtin_mul_overflow(n, d, &n);
+    if (over || __builtin_add_overflow(total, n, &total) || total > limits::kParameters) {
+      c.error(c.exp->locations.count("model") ? c.where("model") : at, "model",
+              "the model has more than " + std::to_string(limits::kParameters) +
+                  " parameters (2^42, the limit; " + p.name + " " + p.shape.str() + " alone has " +
+                  (over ? "more than 2^63" : std::to_string(n)) + ")",
+              "make it smaller: d_model, d_ff, n_layers or the vocabulary");
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// model.from: hf: the folder gives the model (the resolve layer imports it before resolve() runs);
+// model.path must be given, and only name, dtype, init and head keys may be written beside it.
+void check_hf_keys(WalkContext& c) {
   if (!c.is_given("model.path")) {
     if (!c.is_bad("model.path"))
       c.error(c.where("model.from"), "model.path", "required key is missing (model.from is hf)",
               "add `path: <folder>` under `model:`");
     return;
   }
-  const std::string folder_json = m.path + "/config.json";
+  const std::string folder_json = c.exp->model.path + "/config.json";
   for (const std::string& k : c.given) {
     if (k.rfind("model.", 0) != 0 || k == "model.from" || k == "model.path" || k == "model.name" ||
         k == "model.dtype" || k.rfind("model.head.", 0) == 0 || k.rfind("model.init.", 0) == 0 ||
@@ -1402,111 +1473,12 @@ void resolve_hf_model(WalkContext& c) {
     c.error(c.where(k), k, "is set by " + folder_json + " (model.from is hf)",
             "remove it; beside from: hf only name, dtype, init and head keys may be set");
   }
-  hf::ImportOptions opt;
-  for (const PluginConfig& pc : c.exp->plugins)
-    if (pc.name == "image" && pc.option_where.count("image_size"))
-      for (const auto& [k, v] : pc.options)
-        if (k == "image_size") {
-          std::stringstream ss(v);
-          for (std::string x; std::getline(ss, x, ',');) opt.image_size.push_back(std::stoll(x));
-          if (opt.image_size.size() == 1) opt.image_size.push_back(opt.image_size[0]);
-        }
-  Diagnostics d;
-  std::optional<hf::Folder> f = hf::import_folder(m.path, opt, c.where("model.path"), &d);
-  for (const Diagnostic& x : d.items()) c.error(x.where, x.key, x.problem, x.hint);
-  if (!f) return;
-  ModelConfig user = m;
-  m = f->model;
-  if (c.is_given("model.name")) m.name = user.name;
-  if (c.is_given("model.dtype")) m.dtype = user.dtype;
-  m.init = user.init;  // seeds a new head (below); the folder's own tensors are never initialised
-  const bool kind_changed = c.is_given("model.head.kind") && user.head.kind != m.head.kind;
-  if (kind_changed) {  // keep what still fits the new head: the pooling and pooler of a pooled head
-    const HeadConfig was = m.head;
-    const bool pooled_before = was.kind == HeadKind::pool || was.kind == HeadKind::classifier;
-    m.head = HeadConfig{};
-    m.head.kind = user.head.kind;
-    m.head.pool = pooled_before ? was.pool : m.causal ? PoolKind::last : PoolKind::mean;
-    m.head.pooler = pooled_before && was.pooler;
-    m.head.normalize = was.normalize;
-  }
-#define TSR_HEAD_KEY(field) \
-  if (c.is_given("model.head." #field)) m.head.field = user.head.field;
-  TSR_HEAD_KEY(pool)
-  TSR_HEAD_KEY(normalize)
-  TSR_HEAD_KEY(n_classes)
-  TSR_HEAD_KEY(labels)
-  TSR_HEAD_KEY(tied)
-  TSR_HEAD_KEY(lm_bias)
-  TSR_HEAD_KEY(pooler)
-  TSR_HEAD_KEY(norm)
-  TSR_HEAD_KEY(transform)
-#undef TSR_HEAD_KEY
-  m.notes = f->notes;
-  // Tensors of a head the YAML replaced (a classifier's, when head.kind is pool) are left out.
-  std::set<std::string> wanted;
-  for (const ParamSpec& p : parameter_specs(m)) wanted.insert(p.name);
-  for (auto it = m.weights.imported.begin(); it != m.weights.imported.end();) {
-    if (wanted.count(it->first)) {
-      ++it;
-      continue;
-    }
-    m.notes.push_back(it->second.source + " is not used by the head the YAML chose");
-    it = m.weights.imported.erase(it);
-  }
-  // A head the folder does not have (fine-tuning a new classifier): its tensors are drawn from
-  // model.init (seeded per tensor name), biases zero. Only head tensors: a folder that lacks any
-  // other tensor is still refused.
-  for (const ParamSpec& p : parameter_specs(m)) {
-    if (p.name.rfind("head.", 0) != 0 || m.weights.imported.count(p.name)) continue;
-    Tensor t = Tensor::zeros(p.shape);
-    if (p.init == ParamSpec::Init::ones) t = Tensor::full(p.shape, 1.f);
-    if (p.init == ParamSpec::Init::matrix) {
-      Rng rng(m.init.seed ^ std::hash<std::string>{}(p.name));
-      Tensor w = p.shape.rank() == 1 ? t.reshape({1, p.shape[0]}) : t;
-      init_matrix(w, m.init.scheme, m.init.std, rng);
-    }
-    m.weights.imported[p.name] = {t, "initialised (model.init, seed " + std::to_string(m.init.seed) +
-                                         "): the folder has no " + p.name};
-    m.notes.push_back(p.name + " " + p.shape.str() + ": not in the folder, initialised for training");
-  }
-  if (!c.is_given("plugins") && !c.is_bad("plugins") && !f->plugin.empty()) {
-    // No plugins written: the folder's modality plugin, found on the search path.
-    Result<std::string> found = find_plugin(f->plugin, {});
-    Result<std::shared_ptr<const Plugin>> plugin =
-        found.ok() ? Plugin::load(*found) : Result<std::shared_ptr<const Plugin>>(found.status());
-    if (!plugin.ok()) {
-      c.error(c.where("model.path"), "plugins",
-              "the folder's inputs need the " + f->plugin + " plugin: " + plugin.status().message(),
-              "install it, or list the plugins under `plugins:`");
-    } else {
-      PluginConfig pc;
-      pc.name = f->plugin;
-      pc.file = *found;
-      pc.where = c.where("model.path");
-      for (const PluginOptionSpec& o : (*plugin)->options())
-        if (o.default_value) {
-          pc.options.emplace_back(o.name, *o.default_value);
-          pc.option_types.push_back(o.type);
-        }
-      c.exp->plugins.push_back(std::move(pc));
-      m.notes.push_back("plugin " + f->plugin + " added with the folder's options (no `plugins:` written)");
-    }
-  }
-  for (PluginConfig& pc : c.exp->plugins) {
-    if (pc.name != f->plugin) continue;
-    for (const auto& [k, v] : f->plugin_options) {
-      if (pc.option_where.count(k)) continue;  // the YAML's own choice wins
-      for (auto& [name, value] : pc.options)
-        if (name == k) value = v;
-    }
-  }
 }
 
 void resolve_model(WalkContext& c) {
   ModelConfig& m = c.exp->model;
   if (m.source == ModelSource::hf) {
-    resolve_hf_model(c);
+    check_hf_keys(c);
     return;
   }
   if (c.is_given("model.path"))
@@ -1656,6 +1628,12 @@ void resolve_model(WalkContext& c) {
   if (!c.is_given("model.weights.allow_missing")) {
     m.weights.allow_missing = !c.is_given("model.weights.file") && !c.is_bad("model.weights.file");
   }
+
+  // Products of sizes, once every size of the model is known and fine.
+  const bool model_bad = std::any_of(c.bad.begin(), c.bad.end(), [](const std::string& k) {
+    return k == "model" || k.rfind("model.", 0) == 0;
+  });
+  if (!model_bad) check_model_sizes(m, c, c.where("model"), "");
 }
 
 // data.labels and data.label_names belong to IDX datasets (the runner detects the format of
@@ -1751,6 +1729,55 @@ void resolve_input(WalkContext& c) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+
+bool read_plugin_options(const PluginRequest& q, const std::vector<PluginOptionSpec>& specs, WalkContext& c,
+                         PluginConfig* pc) {
+  bool ok = true;
+  const std::string& at = q.at;
+  std::map<std::string, std::string> given;
+  std::vector<std::string> known;
+  for (const PluginOptionSpec& o : specs) known.push_back(o.name);
+  const Node* options = q.options;
+  for (size_t e = 0; options && options->is_map() && e < options->entries.size(); ++e) {
+    const MapEntry& entry = options->entries[e];
+    const std::string okey = at + ".options." + entry.key;
+    auto spec = std::find_if(specs.begin(), specs.end(),
+                             [&](const PluginOptionSpec& o) { return o.name == entry.key; });
+    if (spec == specs.end()) {
+      const std::string near = nearest(entry.key, known);
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      c.error(entry.key_pos.location(), okey, "unknown option of plugin " + pc->name,
+              near.empty() ? "its options: " + list : "did you mean `" + near + "`?");
+      ok = false;
+      continue;
+    }
+    std::string value;
+    if (!read_plugin_option(*entry.value, okey, c, *spec, &value)) {
+      ok = false;
+      continue;
+    }
+    given[entry.key] = value;
+    pc->option_where[entry.key] = entry.key_pos.location();
+    c.exp->locations[okey] = entry.key_pos.location();
+  }
+  for (const PluginOptionSpec& o : specs) {
+    auto g = given.find(o.name);
+    if (g != given.end()) {
+      pc->options.emplace_back(o.name, g->second);
+      pc->option_types.push_back(o.type);
+    } else if (o.default_value) {
+      pc->options.emplace_back(o.name, *o.default_value);
+      pc->option_types.push_back(o.type);
+    } else {
+      c.error(options ? *options : *q.item, at + ".options." + o.name,
+              "missing option `" + o.name + "` (required by plugin " + pc->name + ": " + o.meaning + ")",
+              "add `" + o.name + ": <" + option_type_name(o.type) + ">` under options:");
+      ok = false;
+    }
+  }
+  return ok;
+}
 
 const std::vector<KeyRule>& key_rules() {
   static const std::vector<KeyRule> rules = build_rules();

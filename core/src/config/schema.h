@@ -5,14 +5,29 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "config/node.h"
 #include "tessera/config.h"
+#include "tessera/plugins.h"
 
 namespace tessera::config {
+
+// One entry of `plugins:` as written, its shape checked: what the resolve layer needs to find and
+// load the plugin and then to check its options (read_plugin_options). The nodes belong to the
+// tree that WalkContext::values keeps alive.
+struct PluginRequest {
+  std::string at;              // "plugins[0]"
+  const Node* item = nullptr;  // the entry
+  const Node* name = nullptr;
+  const Node* path = nullptr;     // may be null
+  const Node* options = nullptr;  // a mapping, null, or absent
+  std::vector<std::string> dirs;  // `path` when it names a folder: searched first
+  PluginConfig config;            // name, where, and file when `path` names the file
+};
 
 // The state of one validation walk over a merged tree.
 struct WalkContext {
@@ -23,6 +38,7 @@ struct WalkContext {
   std::set<std::string> given;               // keys whose value was read without a problem
   std::set<std::string> bad;                 // keys with a problem: checks that need them are skipped
   std::map<std::string, NodePtr> values;     // key -> the value written for it
+  std::vector<PluginRequest> plugin_requests;  // `plugins:`, for the resolve layer
 
   // Records a problem; `key` joins `bad`.
   void error(const Location& at, const std::string& key, std::string problem, std::string hint = "");
@@ -52,9 +68,29 @@ struct KeyRule {
 // of these paths.
 const std::vector<KeyRule>& key_rules();
 
-// After the walk: fills the defaults that depend on other keys, and reports missing required keys
-// and inconsistent values.
+// After the walk and the resolve layer's work on the world: fills the defaults that depend on other
+// keys, and reports missing required keys and inconsistent values.
 void resolve(WalkContext& c);
+
+// A plugin's options as written under `options:`, checked against the option list the loaded plugin
+// declares (types, choices, required options), into pc->options in declared order with defaults
+// filled in. Problems go to c with the option's key path; returns false on any.
+bool read_plugin_options(const PluginRequest& q, const std::vector<PluginOptionSpec>& specs, WalkContext& c,
+                         PluginConfig* pc);
+
+// The sizes of a resolved model and their products within tessera/config.h's limits; `origin` names
+// where the sizes came from when not the YAML ("/m/config.json sets it to "). False when refused.
+bool check_model_sizes(const ModelConfig& m, WalkContext& c, const Location& at, const std::string& origin);
+
+// How the whole load runs: the tree from the file (or string), the walk, then `world` (the resolve
+// layer: plugins, Hugging Face folders), then resolve(). load_experiment in core/src/resolve/ passes
+// its world; nullopt with diags on any problem.
+using WorldStep = std::function<void(WalkContext& c)>;
+std::optional<Experiment> load_file(const std::string& path, const LoadOptions& options, Diagnostics* diags,
+                                    const WorldStep& world);
+std::optional<Experiment> load_string(const std::string& yaml, const std::string& label,
+                                      const std::string& base_dir, const LoadOptions& options,
+                                      Diagnostics* diags, const WorldStep& world);
 
 // Edit distance with transpositions (optimal string alignment), for "did you mean".
 size_t edit_distance(const std::string& a, const std::string& b);

@@ -7,6 +7,7 @@
 #include <yaml-cpp/parser.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -28,6 +29,43 @@ constexpr const char* kYamlTagPrefix = "tag:yaml.org,2002:";
 void report_too_deep(Diagnostics* diags, const SrcPos& at, int max_depth) {
   diags->add(at.location(), "", "nesting deeper than max_depth (" + std::to_string(max_depth) + ")",
              "LoadOptions::max_depth sets the limit");
+}
+
+// The offset of the first byte of `s` that does not belong to a well-formed UTF-8 sequence
+// (Unicode 15, table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF), or npos.
+size_t invalid_utf8_at(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char b = p[i];
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (b >= 0xC2 && b <= 0xDF)
+      len = 2;
+    else if (b == 0xE0)
+      len = 3, lo = 0xA0;
+    else if (b == 0xED)
+      len = 3, hi = 0x9F;
+    else if (b >= 0xE1 && b <= 0xEF)
+      len = 3;
+    else if (b == 0xF0)
+      len = 4, lo = 0x90;
+    else if (b == 0xF4)
+      len = 4, hi = 0x8F;
+    else if (b >= 0xF1 && b <= 0xF3)
+      len = 4;
+    else
+      return i;
+    if (i + 1 >= n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k)
+      if (i + k >= n || (p[i + k] & 0xC0) != 0x80) return i;
+    i += len;
+  }
+  return std::string::npos;
 }
 
 class TreeBuilder : public YAML::EventHandler {
@@ -375,6 +413,26 @@ size_t find_deep_flow(const std::string& s, int max_depth) {
 NodePtr parse_yaml(const std::string& text, const std::string& file, const ParseLimits& limits,
                    Diagnostics* diags, const SrcPos* inline_at) {
   TreeBuilder builder(file, limits, diags, inline_at);
+  // yaml-cpp would pass invalid bytes through into names, paths and strings; a config is UTF-8.
+  if (const size_t bad = invalid_utf8_at(text); bad != std::string::npos) {
+    YAML::Mark mark;
+    mark.pos = static_cast<int>(bad);
+    for (size_t i = 0; i < bad; ++i) {
+      if (text[i] == '\n') {
+        ++mark.line;
+        mark.column = 0;
+      } else if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) {
+        ++mark.column;  // characters, not bytes: the text before `bad` is valid UTF-8
+      }
+    }
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[bad]));
+    diags->add(builder.pos(mark).location(), "",
+               "not UTF-8: the byte " + std::string(byte) + " at byte offset " + std::to_string(bad) +
+                   " is not part of a valid UTF-8 character",
+               "a config file must be UTF-8; convert it, e.g. with `iconv -f latin1 -t utf-8`");
+    return nullptr;
+  }
   const size_t deep = find_deep_flow(text, limits.max_depth);
   if (deep != std::string::npos) {
     YAML::Mark mark;
