@@ -3,6 +3,8 @@
 // plugin options from the tokenizer or preprocessor files. Every tensor the model needs is named
 // by one mapping entry per parameter; shapes Hugging Face should have are derived from the
 // parameter's own shape, so the check of every tensor comes with the mapping for free.
+#include "import.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -10,7 +12,6 @@
 #include <set>
 #include <sstream>
 
-#include "import.h"
 #include "tessera/model.h"
 #include "tessera/safetensors.h"
 
@@ -49,12 +50,17 @@ bool read_json(Ctx& c, const std::string& name, json* out, bool object) {
 }
 
 // Activation names of config.json.
-bool activation_of(Ctx& c, const std::string& file, const std::string& key, const std::string& v, Activation* out) {
-  if (v == "gelu") *out = Activation::gelu_erf;
-  else if (v == "gelu_new" || v == "gelu_pytorch_tanh") *out = Activation::gelu_tanh;
-  else if (v == "relu") *out = Activation::relu;
+bool activation_of(Ctx& c, const std::string& file, const std::string& key, const std::string& v,
+                   Activation* out) {
+  if (v == "gelu")
+    *out = Activation::gelu_erf;
+  else if (v == "gelu_new" || v == "gelu_pytorch_tanh")
+    *out = Activation::gelu_tanh;
+  else if (v == "relu")
+    *out = Activation::relu;
   else {
-    c.err(file + ": " + key + " \"" + v + "\" is not implemented (Tessera has gelu, gelu_new, gelu_pytorch_tanh, relu)");
+    c.err(file + ": " + key + " \"" + v +
+          "\" is not implemented (Tessera has gelu, gelu_new, gelu_pytorch_tanh, relu)");
     return false;
   }
   return true;
@@ -79,8 +85,8 @@ int64_t num_labels(const json& cfg, const Json& J) {
   auto it = cfg.find("id2label");
   if (it != cfg.end() && it->is_object() && !it->empty()) {
     if (static_cast<int64_t>(it->size()) <= bound::kLabels) return static_cast<int64_t>(it->size());
-    J.c->err(J.file + ": key \"id2label\": expected at most " + std::to_string(bound::kLabels) + " labels, found " +
-             jsonfile::brief(*it));
+    J.c->err(J.file + ": key \"id2label\": expected at most " + std::to_string(bound::kLabels) +
+             " labels, found " + jsonfile::brief(*it));
     ++J.c->bad_values;
     return 2;
   }
@@ -90,8 +96,9 @@ int64_t num_labels(const json& cfg, const Json& J) {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
-
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Build: what every family's reader shares.
@@ -189,8 +196,9 @@ struct Capped {
     if (n++ < kMaxListed) c->err(problem, hint);
   }
   ~Capped() {
-    if (n > kMaxListed) c->err("... and " + std::to_string(n - kMaxListed) + " more " + what + " (" +
-                               std::to_string(n) + " in all; the first " + std::to_string(kMaxListed) + " are listed)");
+    if (n > kMaxListed)
+      c->err("... and " + std::to_string(n - kMaxListed) + " more " + what + " (" + std::to_string(n) +
+             " in all; the first " + std::to_string(kMaxListed) + " are listed)");
   }
 };
 
@@ -218,12 +226,14 @@ bool open_weights(Ctx& c, Store* s) {
     std::vector<std::string> shards;
     for (auto it = wm->begin(); it != wm->end(); ++it) {
       if (!it->is_string()) {
-        c.err(ipath + ": weight_map[\"" + it.key() + "\"] should be a file name, found " + jsonfile::brief(*it));
+        c.err(ipath + ": weight_map[\"" + it.key() + "\"] should be a file name, found " +
+              jsonfile::brief(*it));
         return false;
       }
       const std::string shard = it->get<std::string>();
       if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos) {
-        c.err(ipath + ": weight_map[\"" + it.key() + "\"] = \"" + shard + "\" is not a file name in the folder");
+        c.err(ipath + ": weight_map[\"" + it.key() + "\"] = \"" + shard +
+              "\" is not a file name in the folder");
         return false;
       }
       if (std::find(shards.begin(), shards.end(), shard) == shards.end()) shards.push_back(shard);
@@ -248,7 +258,8 @@ bool open_weights(Ctx& c, Store* s) {
     }
     return ok;
   }
-  for (const char* other : {"pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack"})
+  for (const char* other :
+       {"pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack"})
     if (c.has(other)) {
       c.err(c.dir + ": the weights are in " + other + "; Tessera reads safetensors only (it never unpickles)",
             "convert once with transformers: AutoModel.from_pretrained(DIR).save_pretrained(DIR, "
@@ -264,8 +275,10 @@ std::string resolve_name(const Store& st, const std::string& name) {
   if (st.file_of.count(name)) return name;
   if (name.find("LayerNorm.") != std::string::npos) {
     std::string alt = name;
-    if (alt.size() > 7 && alt.compare(alt.size() - 7, 7, ".weight") == 0) alt = alt.substr(0, alt.size() - 7) + ".gamma";
-    else if (alt.size() > 5 && alt.compare(alt.size() - 5, 5, ".bias") == 0) alt = alt.substr(0, alt.size() - 5) + ".beta";
+    if (alt.size() > 7 && alt.compare(alt.size() - 7, 7, ".weight") == 0)
+      alt = alt.substr(0, alt.size() - 7) + ".gamma";
+    else if (alt.size() > 5 && alt.compare(alt.size() - 5, 5, ".bias") == 0)
+      alt = alt.substr(0, alt.size() - 5) + ".beta";
     if (st.file_of.count(alt)) return alt;
   }
   return name;
@@ -273,25 +286,31 @@ std::string resolve_name(const Store& st, const std::string& name) {
 
 Tensor apply(const Entry& e, const Tensor& t32, const Shape& want, const Grid& grid) {
   switch (e.op) {
-    case Op::same: return t32;
-    case Op::linear: return t32.rank() == 2 ? t32.transpose(0, 1) : t32;
+    case Op::same:
+      return t32;
+    case Op::linear:
+      return t32.rank() == 2 ? t32.transpose(0, 1) : t32;
     case Op::split: {
       const int64_t n = want[want.rank() - 1];
       return t32.slice(t32.rank() - 1, e.part * n, (e.part + 1) * n);
     }
-    case Op::patch: return t32.contiguous().reshape({want[1], want[0]}).transpose(0, 1);
-    case Op::squeeze: return t32.contiguous().reshape(want);
+    case Op::patch:
+      return t32.contiguous().reshape({want[1], want[0]}).transpose(0, 1);
+    case Op::squeeze:
+      return t32.contiguous().reshape(want);
     case Op::pos_grid: {
       const int64_t C = want[1];
       Tensor table = t32.contiguous().reshape({t32.dim(1), C});
       if (grid.gh == grid.g0 && grid.gw == grid.g0) return table;
       Tensor out = Tensor::empty(want);
       out.slice(0, 0, 1).copy_from(table.slice(0, 0, 1));
-      out.slice(0, 1, want[0]).copy_from(
-          resize_position_grid(table.slice(0, 1, table.dim(0)), grid.g0, grid.g0, grid.scale_h, grid.scale_w));
+      out.slice(0, 1, want[0])
+          .copy_from(resize_position_grid(table.slice(0, 1, table.dim(0)), grid.g0, grid.g0, grid.scale_h,
+                                          grid.scale_w));
       return out;
     }
-    case Op::zeros: return Tensor::zeros(want);
+    case Op::zeros:
+      return Tensor::zeros(want);
   }
   return t32;
 }
@@ -353,8 +372,8 @@ Tensor resize_position_grid(const Tensor& grid, int64_t gh, int64_t gw, double s
   return out;
 }
 
-std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptions& opt, const Location& where,
-                                    Diagnostics* diags) {
+std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptions& opt,
+                                    const Location& where, Diagnostics* diags) {
   Ctx c;
   c.dir = fs::path(dir_in).lexically_normal().string();
   c.where = where;
@@ -388,7 +407,8 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
   const std::string type = reader->family;
   Folder out;
   out.family = type;
-  if (auto a = cfg.find("architectures"); a != cfg.end() && a->is_array() && !a->empty() && (*a)[0].is_string())
+  if (auto a = cfg.find("architectures");
+      a != cfg.end() && a->is_array() && !a->empty() && (*a)[0].is_string())
     out.hf_class = (*a)[0].get<std::string>();
   Store st;
   const bool weights_ok = open_weights(c, &st);
@@ -420,11 +440,12 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
 
   // Every parameter from its entry, each shape checked; then whatever the checkpoint has left over.
   const std::string shape_hint =
-      "the weights do not fit config.json (hidden size, heads, layers, intermediate size, vocabulary, image or "
+      "the weights do not fit config.json (hidden size, heads, layers, intermediate size, vocabulary, image "
+      "or "
       "patch size): use the config.json that was saved with them";
   if (weights_ok) {
     Capped missing{&c, "missing tensors"}, misshaped{&c, "tensors of the wrong shape"},
-        unexpected_n{&c, "unexpected tensors"};
+        unexpected{&c, "unexpected tensors"};
     for (const ParamSpec& s : parameter_specs(m)) {
       auto e = map.find(s.name);
       if (e == map.end()) {
@@ -441,15 +462,15 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       const safetensors::TensorInfo* info = st.info(hf);
       if (!info) {
         missing.err("missing tensor \"" + en.hf + "\" " + want_hf.str() + " (for " + s.name + ")",
-              "is the checkpoint complete, and of the class config.json names?");
+                    "is the checkpoint complete, and of the class config.json names?");
         continue;
       }
       st.used.insert(hf);
       const std::string file = st.file_name(hf);
       if (info->shape != want_hf) {
-        misshaped.err(file + ": tensor \"" + hf + "\" has shape " + info->shape.str() + " but config.json implies " +
-                  want_hf.str(),
-              shape_hint);
+        misshaped.err(file + ": tensor \"" + hf + "\" has shape " + info->shape.str() +
+                          " but config.json implies " + want_hf.str(),
+                      shape_hint);
         continue;
       }
       Result<Tensor> t = st.files[st.file_of.at(hf)]->get(hf);
@@ -469,23 +490,22 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
       }
       m.weights.imported[s.name] = {apply(en, t32, s.shape, grid), src};
     }
-    std::vector<std::string> unexpected;
     for (const auto& [name, f] : st.file_of) {
       if (st.used.count(name) || ignorable.count(name)) continue;
       if (std::any_of(ignorable_prefixes.begin(), ignorable_prefixes.end(),
                       [&](const std::string& pre) { return starts_with(name, pre); }))
         continue;
       const safetensors::TensorInfo* info = st.info(name);
-      unexpected_n.err(st.file_name(name) + ": unexpected tensor \"" + name + "\" " + info->shape.str() + ": a " + type +
-                " model of this config.json has no such parameter",
-            "is config.json the one saved with these weights (num_hidden_layers, architectures)?");
+      unexpected.err(st.file_name(name) + ": unexpected tensor \"" + name + "\" " + info->shape.str() +
+                         ": a " + type + " model of this config.json has no such parameter",
+                     "is config.json the one saved with these weights (num_hidden_layers, architectures)?");
     }
   }
   if (c.errors > 0) return std::nullopt;
   m.weights.file_where = where;
-  out.notes.insert(out.notes.begin(), "Hugging Face " + (out.hf_class.empty() ? type : out.hf_class) + " from " + c.dir +
-                                          " (" + std::to_string(st.files.size()) + " safetensors file" +
-                                          (st.files.size() == 1 ? "" : "s") + ")");
+  out.notes.insert(out.notes.begin(), "Hugging Face " + (out.hf_class.empty() ? type : out.hf_class) +
+                                          " from " + c.dir + " (" + std::to_string(st.files.size()) +
+                                          " safetensors file" + (st.files.size() == 1 ? "" : "s") + ")");
   return out;
 }
 

@@ -90,6 +90,50 @@ std::optional<std::string> read_uint(const json& v, uint64_t max, uint64_t* out)
   return std::nullopt;
 }
 
+// nlohmann SAX handler: the first duplicate key of any object, and the first syntax error.
+struct DuplicateKeys {
+  std::vector<std::set<std::string>> seen;  // keys of the open objects, innermost last
+  std::vector<std::string> path;            // the key being read in each open object
+  std::optional<std::string> duplicate;
+  std::string error;  // the parser's exception text
+  int error_id = 0;
+  size_t error_byte = 0;
+
+  bool start_object(std::size_t) {
+    seen.emplace_back();
+    path.emplace_back();
+    return true;
+  }
+  bool end_object() {
+    seen.pop_back();
+    path.pop_back();
+    return true;
+  }
+  bool key(std::string& k) {
+    path.back() = k;
+    if (!duplicate && !seen.back().insert(k).second) {
+      duplicate = "header has duplicate key " + in_quotes(k);
+      if (seen.size() >= 2) duplicate = *duplicate + " inside " + in_quotes(path[0]);
+    }
+    return true;
+  }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool parse_error(std::size_t byte, const std::string&, const json::exception& e) {
+    error = e.what();
+    error_id = e.id;
+    error_byte = byte;
+    return false;
+  }
+};
+
 class Parser {
  public:
   Parser(std::string label, const uint8_t* data, size_t size)
@@ -143,43 +187,32 @@ class Parser {
     return fail("tensor " + in_quotes(tensor) + ": " + what);
   }
 
-  // Parses the header text, refusing duplicate keys at any depth.
+  // Parses the header text, refusing duplicate keys at any depth. Two linear passes: a SAX pass
+  // for syntax and duplicates, then the tree. (nlohmann's parse with a callback, used before,
+  // scans an object's members each time one of them closes: a header of 50 000 tensors took
+  // minutes, quadratic in their number.)
   Result<json> parse_json(std::string_view text) const {
-    std::vector<std::set<std::string>> seen;  // keys of the open objects, by depth
-    std::vector<std::string> path;            // the key being read at each depth
-    std::optional<std::string> duplicate;
     if (std::string why = jsonfile::prescan(text, kHeaderLimits, 8); !why.empty())
       return fail("header refused: " + why + " (the file is corrupt, hostile or not safetensors)");
-    auto check_keys = [&](int depth, json::parse_event_t event, json& parsed) {
-      const auto d = static_cast<size_t>(depth);
-      if (event == json::parse_event_t::object_start) {
-        seen.resize(d + 1);
-        seen[d].clear();
-        path.resize(d + 1);
-      } else if (event == json::parse_event_t::key && !duplicate) {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        path[d - 1] = key;
-        if (!seen[d - 1].insert(key).second) {
-          duplicate = "header has duplicate key " + in_quotes(key);
-          if (d >= 2) duplicate = *duplicate + " inside " + in_quotes(path[0]);
-        }
+    DuplicateKeys keys;
+    if (!json::sax_parse(text.begin(), text.end(), &keys)) {
+      std::string why = keys.error;
+      if (keys.error_id >= 100 && keys.error_id < 200) {  // parse_error: "... at line 1, column 5: why"
+        const size_t colon = why.find(": ");
+        if (colon != std::string::npos) why = why.substr(colon + 2);
+        return fail("header is not valid JSON at file byte " + std::to_string(8 + keys.error_byte - 1) + ": " + why +
+                    " (file is corrupt or not safetensors)");
       }
-      return true;
-    };
-    json header;
-    try {
-      header = json::parse(text.begin(), text.end(), check_keys);
-    } catch (const json::parse_error& e) {
-      std::string why = e.what();
-      const size_t colon = why.find(": ");
-      if (colon != std::string::npos) why = why.substr(colon + 2);
-      return fail("header is not valid JSON at file byte " + std::to_string(8 + e.byte - 1) + ": " + why +
-                  " (file is corrupt or not safetensors)");
-    } catch (const json::exception& e) {  // out_of_range 406: a number beyond a double, such as 1e400
-      std::string why = e.what();
-      const size_t close = why.find("] ");
+      const size_t close = why.find("] ");  // out_of_range 406: a number beyond a double, such as 1e400
       if (close != std::string::npos) why = why.substr(close + 2);
       return fail("header is not valid JSON for Tessera: " + why + " (file is corrupt or not safetensors)");
+    }
+    std::optional<std::string>& duplicate = keys.duplicate;
+    json header;
+    try {
+      header = json::parse(text.begin(), text.end());
+    } catch (const json::exception& e) {  // the SAX pass has seen the same text parse
+      return fail(std::string("header could not be parsed: ") + e.what());
     }
     if (duplicate) return fail(*duplicate + " (each tensor name and field may appear once)");
     return header;
