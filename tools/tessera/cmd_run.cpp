@@ -27,6 +27,29 @@ struct RunArgs {
   int threads = -1, workers = -1;
 };
 
+// The run folder's files and folders with their sizes. Whatever else is there (a dangling
+// symbolic link, a link loop, a file removed meanwhile) is listed as it is, never an error.
+std::vector<std::vector<std::string>> folder_listing(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::vector<std::string>> rows;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const fs::path& p = it->path();
+    std::error_code e2;
+    if (it->is_directory(e2)) {
+      int64_t n = 0;
+      for (auto f = fs::directory_iterator(p, e2); !e2 && f != fs::directory_iterator(); f.increment(e2)) ++n;
+      rows.push_back({p.string() + "/", std::to_string(n) + " files"});
+      continue;
+    }
+    const uintmax_t size = it->file_size(e2);
+    if (!e2) rows.push_back({p.string(), fmt_bytes(static_cast<double>(size))});
+    else if (it->is_symlink(e2)) rows.push_back({p.string(), "(a link to nothing readable)"});
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
 int run_run(const RunArgs& a) {
   std::vector<std::string> overrides = a.overrides;
   if (a.limit >= 0) overrides.push_back("data.limit=" + std::to_string(a.limit));
@@ -59,19 +82,7 @@ int run_run(const RunArgs& a) {
     if (s.batches_resumed == 0 && s.items > 0) std::printf("; %.2f items/s", static_cast<double>(s.items) / s.seconds);
     std::printf("\n");
   }
-  std::vector<std::vector<std::string>> rows;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(s.dir, ec)) {
-    if (e.is_directory()) {
-      int64_t n = 0;
-      for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(e.path(), ec)) ++n;
-      rows.push_back({e.path().string() + "/", std::to_string(n) + " files"});
-    } else {
-      rows.push_back({e.path().string(), fmt_bytes(static_cast<double>(e.file_size()))});
-    }
-  }
-  std::sort(rows.begin(), rows.end());
-  std::printf("%s", table(rows, 2).c_str());
+  std::printf("%s", table(folder_listing(s.dir), 2).c_str());
   if (s.failed > 0)
     std::fprintf(stderr, "tessera run: %lld item(s) failed; their reasons are in %s/errors.jsonl\n",
                  static_cast<long long>(s.failed), s.dir.c_str());

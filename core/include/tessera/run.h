@@ -96,6 +96,7 @@ struct RunSummary {
   int64_t batches = 0;
   int64_t batches_resumed = 0;  // batches found done and skipped
   int64_t batches_redone = 0;   // batches found done whose items changed since: computed again
+  int64_t largest_forward = 0;  // the most sequences in one forward pass (at most runtime.batch_size)
   double seconds = 0;
   // Where the seconds went: setting up (plugins, the model, listing the dataset), the model
   // (forward passes and heads), and the model's thread waiting for the plugins' rows (decoding

@@ -125,9 +125,11 @@ Status Runner::setup() {
   writers_.emplace(exp_, fs::path(d), items_, class_names_, batch_size,
                    exp_.task.kind == TaskKind::score ? &encoders_[0][0] : nullptr);
   folder_.emplace(fs::path(d), identity());
-  return folder_->open(
-      opt_, [this](int64_t k) { return batcher_->content_now(k); },
-      [this](const std::set<int64_t>& keep) { return writers_->unmerge(keep); }, !exp_.task.attention.layers.empty());
+  run::ResumeHooks hooks;
+  hooks.content_now = [this](int64_t k) { return batcher_->content_now(k); };
+  hooks.check_shard = [this](int64_t k) { return writers_->check_shard(k); };
+  hooks.unmerge = [this](const std::set<int64_t>& keep) { return writers_->unmerge(keep); };
+  return folder_->open(opt_, hooks, !exp_.task.attention.layers.empty());
 }
 
 // What the task needs besides the model: the generation settings, the attention layers and heads
@@ -228,6 +230,7 @@ Status Runner::forward_records(const std::vector<Sequence>& seqs, int64_t k, std
   const ModelConfig& m = exp_.model;
   const TaskKind task = exp_.task.kind;
   const run::Placed placed = run::place_sequences(m, seqs.data(), seqs.size(), exp_.runtime.packing);
+  summary_.largest_forward = std::max<int64_t>(summary_.largest_forward, static_cast<int64_t>(seqs.size()));
   ForwardOptions fo;
   fo.reference = exp_.runtime.reference;
   for (int64_t l : exp_.task.attention.layers) fo.capture.insert("blocks." + std::to_string(l) + ".attn.weights");

@@ -213,6 +213,67 @@ Status Writers::write_shard(int64_t k, std::vector<json> records, const Tensor& 
   return write_file_atomic(shard.string() + ".jsonl", lines);
 }
 
+bool Writers::has_values() const { return exp_.task.kind == TaskKind::embed || exp_.task.kind == TaskKind::hidden; }
+
+Result<Writers::Shard> Writers::read_shard(int64_t k) const {
+  const fs::path shard = dir_ / "shards" / batch_name(k);
+  const std::string path = shard.string() + ".jsonl";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Status::NotFound(path + " is missing");
+  Result<std::string> text = read_file(path);
+  if (!text.ok()) return text.status();
+  const int64_t begin = k * batch_size_;
+  const int64_t end = std::min<int64_t>(begin + batch_size_, static_cast<int64_t>(items_.size()));
+  const bool hidden = exp_.task.kind == TaskKind::hidden;
+  Shard out;
+  int64_t rows = 0, sequences = 0;  // what the records say the values hold
+  for (size_t pos = 0, line = 1; pos < text->size(); ++line) {
+    const size_t eol = text->find('\n', pos);
+    const std::string at = path + ":" + std::to_string(line) + ": ";
+    if (eol == std::string::npos) return Status::ParseError(at + "the last line is cut short (it has no end of line)");
+    json r = json::parse(text->substr(pos, eol - pos), nullptr, false);
+    pos = eol + 1;
+    if (r.is_discarded() || !r.is_object()) return Status::ParseError(at + "not a JSON object (cut short or overwritten)");
+    const bool seq = r.contains("t") && r["t"] == "seq", error = r.contains("t") && r["t"] == "error";
+    if (!seq && !error) return Status::ParseError(at + "\"t\" is neither \"seq\" nor \"error\"");
+    if (!r.contains("item") || !r["item"].is_number_integer() || r["item"].get<int64_t>() < begin ||
+        r["item"].get<int64_t>() >= end)
+      return Status::ParseError(at + "\"item\" is not an item of batch " + std::to_string(k) + " (" +
+                                std::to_string(begin) + " to " + std::to_string(end - 1) + ")");
+    if (!r.contains("id") || !r["id"].is_string()) return Status::ParseError(at + "\"id\" is not a string");
+    if (seq) {
+      if (!r.contains("rows") || !r["rows"].is_number_integer() || r["rows"].get<int64_t>() < 0 ||
+          r["rows"].get<int64_t>() > (int64_t{1} << 40))
+        return Status::ParseError(at + "\"rows\" is not a count of rows");
+      if (hidden && (!r.contains("start") || !r["start"].is_number_integer() || r["start"].get<int64_t>() != rows))
+        return Status::ParseError(at + "\"start\" is not " + std::to_string(rows) + ", where the rows before it end");
+      if (r.contains("prov") && !r["prov"].is_array()) return Status::ParseError(at + "\"prov\" is not a list");
+      rows += r["rows"].get<int64_t>();
+      ++sequences;
+    } else if (!r.contains("reason") || !r["reason"].is_string()) {
+      return Status::ParseError(at + "\"reason\" is not a string");
+    }
+    out.records.push_back(std::move(r));
+  }
+  if (!has_values()) return out;
+  const int64_t want = hidden ? rows : sequences;
+  const std::string npy_path = shard.string() + ".npy";
+  if (!fs::exists(npy_path, ec)) {
+    if (want == 0) return out;
+    return Status::NotFound(npy_path + " is missing (" + path + " names " + std::to_string(want) + " rows of it)");
+  }
+  if (want == 0) return Status::Invalid(npy_path + " holds vectors, but " + path + " names no sequence");
+  Result<Tensor> v = npy::load(npy_path);
+  if (!v.ok()) return v.status();
+  if (v->shape().rank() != 2 || v->dim(0) != want || v->dtype() != DType::f32)
+    return Status::Invalid(npy_path + " is not " + std::to_string(want) + " rows of float32 vectors, as " + path +
+                           " says");
+  out.values = std::move(v).value();
+  return out;
+}
+
+Status Writers::check_shard(int64_t k) const { return read_shard(k).status(); }
+
 Status Writers::merge(int64_t batches, int64_t* sequences, int64_t* failed) const {
   // The shards, in batch order, into the run's outputs.
   const TaskKind task = exp_.task.kind;
@@ -221,22 +282,20 @@ Status Writers::merge(int64_t batches, int64_t* sequences, int64_t* failed) cons
   std::vector<std::string> ids;  // of the sequences written
   int64_t total = 0;             // rows of the shards before this one
   for (int64_t k = 0; k < batches; ++k) {
-    const fs::path shard = dir_ / "shards" / batch_name(k);
-    Result<std::string> text = read_file(shard.string() + ".jsonl");
-    if (!text.ok()) return text.status().with_prefix("finishing the run");
+    Result<Shard> shard = read_shard(k);
+    if (!shard.ok())
+      return shard.status().with_prefix("finishing the run (a shard changed while the run held the folder; continue "
+                                        "with --resume, which redoes it)");
     const int64_t base = total;  // hidden: a shard's starts count from its first row, the outputs' from the run's
-    std::error_code ec;
-    if (fs::exists(shard.string() + ".npy", ec)) {
-      Result<Tensor> v = npy::load(shard.string() + ".npy");
-      if (!v.ok()) return v.status();
-      total += v->dim(0);
-      parts.push_back(std::move(v).value());
+    if (shard->values.defined()) {
+      if (!parts.empty() && shard->values.dim(1) != parts[0].dim(1))
+        return Status::Invalid("finishing the run: " + (dir_ / "shards" / batch_name(k)).string() + ".npy has vectors " +
+                               std::to_string(shard->values.dim(1)) + " wide, the shards before it " +
+                               std::to_string(parts[0].dim(1)) + "; continue with --resume, which redoes it");
+      total += shard->values.dim(0);
+      parts.push_back(shard->values);
     }
-    size_t pos = 0;
-    while (pos < text->size()) {
-      const size_t eol = text->find('\n', pos);
-      json r = json::parse(text->substr(pos, eol - pos));
-      pos = eol + 1;
+    for (json& r : shard->records) {
       if (r["t"] == "error") {
         r.erase("t");
         errors += jsonl_line(r);
@@ -263,7 +322,7 @@ Status Writers::merge(int64_t batches, int64_t* sequences, int64_t* failed) cons
       at += p.dim(0);
     }
     TSR_RETURN_IF_ERROR(npy::save((dir_ / values_leaf).string(), all));
-  } else if (task == TaskKind::embed || task == TaskKind::hidden) {
+  } else if (has_values()) {
     TSR_RETURN_IF_ERROR(npy::save((dir_ / values_leaf).string(), Tensor::zeros({0, exp_.model.d_model})));
   }
   TSR_RETURN_IF_ERROR(write_file_atomic((dir_ / sequences_leaf()).string(), seq_lines));
@@ -301,8 +360,8 @@ Status Writers::unmerge(const std::set<int64_t>& keep) const {
                              std::to_string(seqs.size()) + " sequences in " + leaf + "; start over with --force");
   }
   Tensor values;  // embeddings (one row per sequence) or hidden rows
-  const bool has_values = task == TaskKind::embed || task == TaskKind::hidden;
-  if (has_values) {
+  const bool with_values = task == TaskKind::embed || task == TaskKind::hidden;
+  if (with_values) {
     const std::string path = (dir_ / (task == TaskKind::hidden ? "hidden.npy" : "embeddings.npy")).string();
     Result<Tensor> v = npy::load(path);
     if (!v.ok()) return v.status();
@@ -316,10 +375,10 @@ Status Writers::unmerge(const std::set<int64_t>& keep) const {
     json r = std::move(seqs[i]);
     const int64_t k = r["item"].get<int64_t>() / batch_size_;
     const int64_t n = task == TaskKind::hidden ? r.value("rows", int64_t{0}) : task == TaskKind::embed ? 1 : 0;
-    if (n < 0 || (has_values && row + n > values.dim(0)))
+    if (n < 0 || (with_values && n > values.dim(0) - row))
       return Status::Invalid((dir_ / leaf).string() + ":" + std::to_string(i + 1) + ": " + std::to_string(n) +
                              " rows from row " + std::to_string(row) + ", beyond the outputs' " +
-                             std::to_string(has_values ? values.dim(0) : 0) + "; start over with --force");
+                             std::to_string(with_values ? values.dim(0) : 0) + "; start over with --force");
     if (task == TaskKind::hidden) {
       if (r.value("start", int64_t{-1}) != row)
         return Status::Invalid((dir_ / leaf).string() + ":" + std::to_string(i + 1) + ": start " +
@@ -339,7 +398,7 @@ Status Writers::unmerge(const std::set<int64_t>& keep) const {
     if (n > 0) row_spans[k].emplace_back(row, n);
     row += n;
   }
-  if (has_values && row != values.dim(0))
+  if (with_values && row != values.dim(0))
     return Status::Invalid((dir_ / leaf).string() + " names " + std::to_string(row) + " rows, but the outputs hold " +
                            std::to_string(values.dim(0)) + "; start over with --force");
   for (json& r : errors) {
@@ -348,7 +407,7 @@ Status Writers::unmerge(const std::set<int64_t>& keep) const {
   }
   for (int64_t k : keep) {
     Tensor v;
-    if (has_values && !row_spans[k].empty()) {
+    if (with_values && !row_spans[k].empty()) {
       int64_t n = 0;
       for (const auto& [at, len] : row_spans[k]) n += len;
       v = Tensor::empty({n, values.dim(1)});

@@ -36,6 +36,10 @@ class Writers {
   // Batch k's shard: shards/batch-k.jsonl (records sorted by item) and .npy (values, if any).
   Status write_shard(int64_t k, std::vector<json> records, const Tensor& values) const;
 
+  // Why batch k's shard cannot be merged (cut short, garbage, records of other items, vectors
+  // that do not match its records, missing), naming the file and line; ok when it can.
+  Status check_shard(int64_t k) const;
+
   // The shards of batches [0, batches) merged into the outputs; counts sequences and failures.
   Status merge(int64_t batches, int64_t* sequences, int64_t* failed) const;
   // A finished run's merged outputs cut back into shards, one per batch in `keep`, as
@@ -43,6 +47,14 @@ class Writers {
   Status unmerge(const std::set<int64_t>& keep) const;
 
  private:
+  // Batch k's shard: its records, each checked as merge() reads it, and its values (undefined
+  // when the task has none or the batch no sequence).
+  struct Shard {
+    std::vector<json> records;
+    Tensor values;
+  };
+  Result<Shard> read_shard(int64_t k) const;
+  bool has_values() const;
   Status write_attention(const Sequence& s, int64_t b, int64_t start, const Outputs& out) const;
   Status prune_attention(const std::vector<std::string>& ids) const;
   std::vector<int64_t> attention_heads() const;
