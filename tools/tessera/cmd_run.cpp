@@ -3,9 +3,13 @@
 // plugin, row by row). The batch runner itself is core's (tessera/run.h); this file parses options
 // and prints.
 #include <CLI/CLI.hpp>
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "commands.h"
@@ -18,6 +22,23 @@ namespace tessera::cli {
 namespace {
 
 constexpr int kExitSomeItemsFailed = 3;
+
+// SIGTERM and SIGINT stop a run after the batch it is writing (RunOptions::stop); a second one
+// ends the process at once (the handler resets itself), which the run folder also survives: its
+// files are written atomically and a resume redoes what is not recorded as done.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "set from a signal handler");
+
+extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
 
 struct RunArgs {
   std::string file, out;
@@ -63,6 +84,8 @@ int run_run(const RunArgs& a) {
   opt.resume = a.resume;
   opt.force = a.force;
   opt.progress = !a.quiet;
+  opt.stop = &g_stop_signal;
+  catch_stop_signals();
   Result<RunSummary> r = run_experiment(*exp, opt);
   if (!r.ok()) {
     std::fprintf(stderr, "tessera run: %s\n", r.status().message().c_str());
@@ -70,6 +93,12 @@ int run_run(const RunArgs& a) {
     return c == Code::internal || c == Code::io_error ? kExitFailure : kExitBadInput;
   }
   const RunSummary& s = *r;
+  if (s.stopped_by != 0) {  // exit 128 + the signal, as the shell reports a process it ended
+    std::fprintf(stderr, "tessera run: stopped by %s: %lld of %lld batches kept in %s; continue with --resume\n",
+                 s.stopped_by == SIGINT ? "SIGINT" : s.stopped_by == SIGTERM ? "SIGTERM" : strsignal(s.stopped_by),
+                 static_cast<long long>(s.batches_kept), static_cast<long long>(s.batches), s.dir.c_str());
+    return 128 + s.stopped_by;
+  }
   const std::string redone = s.batches_redone > 0 ? ", " + std::to_string(s.batches_redone) + " redone" : "";
   std::printf("%s: %lld items, %lld sequences written, %lld failed, %lld batches (%lld resumed%s), %.1f s\n",
               s.dir.c_str(), static_cast<long long>(s.items), static_cast<long long>(s.sequences),
@@ -304,7 +333,8 @@ void add_run_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--workers", args->workers, "threads decoding items while the model runs (default: runtime.workers)");
   cmd->add_flag("--quiet", args->quiet, "no progress on stderr");
   cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
-  cmd->footer("Exit codes: 0 all items done, 3 some items failed (see errors.jsonl), 2 bad input, 1 failure.");
+  cmd->footer("Exit codes: 0 all items done, 3 some items failed (see errors.jsonl), 2 bad input, 1 failure, "
+              "143 / 130 stopped by SIGTERM / SIGINT after the batch it was writing (continue with --resume).");
   cmd->callback([args, run] { *run = [args] { return run_run(*args); }; });
 }
 

@@ -73,6 +73,8 @@ class RunFolder {
 
   // Batch k's outputs are in its shard: the manifest records it as done, with its content hash.
   Status mark_done(int64_t k, uint64_t content);
+  // The run stops before its end (a signal): the manifest says "stopped", with the batches done.
+  Status stop() const { return write_manifest("stopped"); }
   // The outputs are merged: the manifest says "complete", and the shards go.
   Status finish(int64_t sequences, int64_t failed);
 

@@ -68,6 +68,8 @@ class Runner {
   Status run_batch(int64_t k, const EncodedBatch& eb);
   Status forward_records(const std::vector<Sequence>& seqs, int64_t k, std::vector<json>* records, Tensor* values);
   Status generate_records(const std::vector<Sequence>& seqs, std::vector<json>* records) const;
+  int stop_signal() const { return opt_.stop ? opt_.stop->load() : 0; }
+  Result<RunSummary> stopped(int signal, std::chrono::steady_clock::time_point t0);
 
   const Experiment& exp_;
   const RunOptions& opt_;
@@ -347,6 +349,11 @@ Result<RunSummary> Runner::run() {
   if (!todo.empty() && prefetch) next = std::async(std::launch::async, encode, todo[0]);
   int64_t failed = 0;
   for (size_t i = 0; i < todo.size(); ++i) {
+    if (const int signal = stop_signal()) {
+      if (next.valid()) next.wait();  // its batch is dropped: encoded, not written
+      progress.update(items_done, failed, true);
+      return stopped(signal, t0);
+    }
     const auto t_wait = std::chrono::steady_clock::now();
     EncodedBatch eb = prefetch ? next.get() : encode(todo[i]);
     summary_.wait_seconds += run::seconds_since(t_wait);
@@ -364,6 +371,16 @@ Result<RunSummary> Runner::run() {
   TSR_RETURN_IF_ERROR(writers_->merge(batches, &summary_.sequences, &summary_.failed));
   TSR_RETURN_IF_ERROR(folder_->finish(summary_.sequences, summary_.failed));
   progress.update(summary_.items, summary_.failed, true);
+  summary_.seconds = run::seconds_since(t0);
+  summary_.model_seconds = model_seconds_;
+  return summary_;
+}
+
+// A signal asked the run to stop: the batches done stay, and the manifest says so.
+Result<RunSummary> Runner::stopped(int signal, std::chrono::steady_clock::time_point t0) {
+  TSR_RETURN_IF_ERROR(folder_->stop());
+  summary_.stopped_by = signal;
+  summary_.batches_kept = static_cast<int64_t>(folder_->done().size());
   summary_.seconds = run::seconds_since(t0);
   summary_.model_seconds = model_seconds_;
   return summary_;
