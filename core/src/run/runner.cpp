@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <optional>
 
 #include "batcher.h"
@@ -66,8 +68,15 @@ class Runner {
   Status setup_task();
   run::RunIdentity identity() const;
   Status run_batch(int64_t k, const EncodedBatch& eb);
-  Status forward_records(const std::vector<Sequence>& seqs, int64_t k, std::vector<json>* records, Tensor* values);
-  Status generate_records(const std::vector<Sequence>& seqs, std::vector<json>* records) const;
+  // One sequence's outputs while its batch runs: its record and values, or why it is not finite.
+  struct SeqOutput {
+    int64_t item = 0, rows = 0;
+    json record;
+    Tensor values;          // embed: (1, C); hidden: (rows, C); else undefined
+    std::string nonfinite;  // non-empty: the item is bad, for this reason
+  };
+  Status forward_chunk(const Sequence* seqs, size_t n, int64_t k, std::vector<SeqOutput>* outs);
+  Status generate_records(const Sequence* seqs, size_t n, std::vector<json>* records);
   int stop_signal() const { return opt_.stop ? opt_.stop->load() : 0; }
   Result<RunSummary> stopped(int signal, std::chrono::steady_clock::time_point t0);
 
@@ -225,14 +234,29 @@ run::RunIdentity Runner::identity() const {
   return id;
 }
 
-// The model over sequences: pooled vectors (embed, classify), hidden rows or scores, and their
-// records; values: the embeddings (N, C) or hidden rows (sum of rows, C).
-Status Runner::forward_records(const std::vector<Sequence>& seqs, int64_t k, std::vector<json>* records,
-                               Tensor* values) {
+// Why a sequence's output cannot be written: "non-finite output in <output>". The hook for naming
+// where the values went wrong: TODO(issue 14): add the first layer that produced a non-finite
+// value (the numerics part's Model function), run on this sequence alone.
+std::string nonfinite_reason(const std::string& output) {
+  return "non-finite output in " + output + " (NaN or infinity): the item's outputs are not written";
+}
+
+bool all_finite(const Tensor& t) {
+  Tensor c = t.contiguous();
+  if (c.dtype() != DType::f32) c = c.to(DType::f32);
+  const float* p = c.data<float>();
+  for (int64_t i = 0, n = c.numel(); i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
+
+// The model over one forward chunk of a batch: per sequence, its record and its values (embed:
+// its vector (1, C); hidden: its rows (n, C)), or the output that is not finite.
+Status Runner::forward_chunk(const Sequence* seqs, size_t n_seqs, int64_t k, std::vector<SeqOutput>* outs) {
   const ModelConfig& m = exp_.model;
   const TaskKind task = exp_.task.kind;
-  const run::Placed placed = run::place_sequences(m, seqs.data(), seqs.size(), exp_.runtime.packing);
-  summary_.largest_forward = std::max<int64_t>(summary_.largest_forward, static_cast<int64_t>(seqs.size()));
+  const run::Placed placed = run::place_sequences(m, seqs, n_seqs, exp_.runtime.packing);
+  summary_.largest_forward = std::max<int64_t>(summary_.largest_forward, static_cast<int64_t>(n_seqs));
   ForwardOptions fo;
   fo.reference = exp_.runtime.reference;
   for (int64_t l : exp_.task.attention.layers) fo.capture.insert("blocks." + std::to_string(l) + ".attn.weights");
@@ -241,38 +265,70 @@ Status Runner::forward_records(const std::vector<Sequence>& seqs, int64_t k, std
   const auto t_model = std::chrono::steady_clock::now();
   TSR_RETURN_IF_ERROR(model_->forward(placed.batch, fo, &out).with_prefix("batch " + std::to_string(k)));
   const int64_t C = out.hidden.dim(2);
-  Tensor pooled = Tensor::empty({static_cast<int64_t>(seqs.size()), C});
+  Tensor pooled = Tensor::empty({static_cast<int64_t>(n_seqs), C});
   int64_t total_rows = 0;
-  for (const Sequence& s : seqs) total_rows += s.rows.size();
-  if (task == TaskKind::hidden) *values = Tensor::empty({total_rows, C});
+  for (size_t i = 0; i < n_seqs; ++i) total_rows += seqs[i].rows.size();
+  Tensor hidden;  // (rows of the chunk's sequences, C)
+  if (task == TaskKind::hidden) hidden = Tensor::empty({total_rows, C});
+  std::vector<int64_t> first_row;  // per sequence: its first row in `hidden`
   int64_t row_at = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
+  for (size_t i = 0; i < n_seqs; ++i) {
     const auto [b, start] = placed.at[i];
     const int64_t n = seqs[i].rows.size();
     const Tensor h = out.hidden.select(0, b).slice(0, start, start + n);
     pool_rows(m, h, seqs[i].rows.roles.data(), pooled.data<float>() + static_cast<int64_t>(i) * C);
-    if (task == TaskKind::hidden) values->slice(0, row_at, row_at + n).copy_from(h);
+    if (task == TaskKind::hidden) hidden.slice(0, row_at, row_at + n).copy_from(h);
+    first_row.push_back(row_at);
     row_at += n;
   }
   TSR_RETURN_IF_ERROR(model_->pool_head(pooled, fo));
-  if (task == TaskKind::embed) *values = pooled;
   Tensor probs;
   if (task == TaskKind::classify) {
     Tensor logits;
     TSR_RETURN_IF_ERROR(model_->classify(pooled, &logits, &probs, fo));
   }
   model_seconds_ += run::seconds_since(t_model);
-  row_at = 0;
-  return writers_->sequence_records(seqs.data(), seqs.size(), placed, out, probs, &row_at, records);
+
+  // Nothing non-finite is written: each sequence's outputs checked before its record is made.
+  std::vector<SeqOutput> chunk(n_seqs);
+  std::vector<bool> skip(n_seqs, false);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const auto [b, start] = placed.at[i];
+    const int64_t n = seqs[i].rows.size(), row = static_cast<int64_t>(i);
+    SeqOutput& o = chunk[i];
+    o.item = seqs[i].item;
+    o.rows = n;
+    if (task == TaskKind::embed) o.values = pooled.slice(0, row, row + 1);
+    if (task == TaskKind::hidden) o.values = hidden.slice(0, first_row[i], first_row[i] + n);
+    std::string bad;
+    if (o.values.defined() && !all_finite(o.values)) bad = task == TaskKind::hidden ? "hidden" : "embeddings";
+    else if (task == TaskKind::classify && !all_finite(probs.slice(0, row, row + 1))) bad = "predictions";
+    else if (task == TaskKind::score && !all_finite(out.logits.select(0, b).slice(0, start, start + n))) bad = "predictions";
+    for (int64_t l : exp_.task.attention.layers) {
+      const Tensor& w = out.captured.at("blocks." + std::to_string(l) + ".attn.weights");
+      if (bad.empty() && !all_finite(w.select(0, b).slice(1, start, start + n).slice(2, start, start + n)))
+        bad = "attention maps (layer " + std::to_string(l) + ")";
+    }
+    if (!bad.empty()) o.nonfinite = nonfinite_reason(bad);
+    skip[i] = !bad.empty();
+  }
+  std::vector<json> records;
+  TSR_RETURN_IF_ERROR(writers_->sequence_records(seqs, n_seqs, placed, out, probs, skip, &records));
+  for (size_t i = 0; i < n_seqs; ++i) {
+    chunk[i].record = std::move(records[i]);
+    outs->push_back(std::move(chunk[i]));
+  }
+  return Status::Ok();
 }
 
 // The batch's prompts continued together (generate): one record per sequence with its completion,
 // or a bad item when nothing is left of the prompt once its closing EOS row is removed.
-Status Runner::generate_records(const std::vector<Sequence>& seqs, std::vector<json>* records) const {
+Status Runner::generate_records(const Sequence* seqs, size_t n_seqs, std::vector<json>* records) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<size_t> which;  // prompts[i] is seqs[which[i]]
   GenerateOptions o = generate_;
-  for (size_t i = 0; i < seqs.size(); ++i) {
+  summary_.largest_forward = std::max<int64_t>(summary_.largest_forward, static_cast<int64_t>(n_seqs));
+  for (size_t i = 0; i < n_seqs; ++i) {
     std::vector<int32_t> eos;
     std::vector<int32_t> p = prompt_ids(seqs[i].rows, &eos);
     for (int32_t id : eos)  // the tokenizer's own end of text: the model's EOS
@@ -302,16 +358,51 @@ Status Runner::generate_records(const std::vector<Sequence>& seqs, std::vector<j
   return Status::Ok();
 }
 
-// Batch k through the model, its shard written, and the manifest told.
+// Batch k through the model in forward chunks of at most runtime.batch_size sequences (an item's
+// windows may fill several), its shard written, and the manifest told. An item with an output
+// that is not finite is a bad item: none of its sequences is written.
 Status Runner::run_batch(int64_t k, const EncodedBatch& eb) {
+  const std::vector<Sequence>& seqs = eb.seqs;
+  const std::vector<std::pair<size_t, size_t>> chunks = run::forward_chunks(seqs.size(), exp_.runtime.batch_size);
   std::vector<json> records;  // the batch's shard: one JSON line per sequence and per error
-  Tensor values;              // the batch's embeddings or hidden rows
-  if (!eb.seqs.empty() && exp_.task.kind == TaskKind::generate) {
+  Tensor values;              // the batch's embeddings (N, C) or hidden rows (sum of rows, C)
+  if (exp_.task.kind == TaskKind::generate) {
     const auto t_model = std::chrono::steady_clock::now();
-    TSR_RETURN_IF_ERROR(generate_records(eb.seqs, &records).with_prefix("batch " + std::to_string(k)));
+    for (const auto& [begin, end] : chunks)
+      TSR_RETURN_IF_ERROR(generate_records(seqs.data() + begin, end - begin, &records).with_prefix("batch " + std::to_string(k)));
     model_seconds_ += run::seconds_since(t_model);
-  } else if (!eb.seqs.empty()) {
-    TSR_RETURN_IF_ERROR(forward_records(eb.seqs, k, &records, &values));
+  } else {
+    std::vector<SeqOutput> outs;
+    for (const auto& [begin, end] : chunks) TSR_RETURN_IF_ERROR(forward_chunk(seqs.data() + begin, end - begin, k, &outs));
+    std::map<int64_t, std::string> bad;  // item -> why its outputs are not written
+    for (const SeqOutput& o : outs)
+      if (!o.nonfinite.empty() && !bad.count(o.item)) bad[o.item] = o.nonfinite;
+    std::vector<Tensor> parts;
+    int64_t rows = 0;
+    for (SeqOutput& o : outs) {
+      if (bad.count(o.item)) continue;
+      if (exp_.task.kind == TaskKind::hidden) o.record["start"] = rows;
+      if (o.values.defined()) {
+        rows += o.values.dim(0);
+        parts.push_back(o.values);
+      }
+      records.push_back(std::move(o.record));
+    }
+    if (!parts.empty()) {
+      values = Tensor::empty({rows, parts[0].dim(1)});
+      int64_t at = 0;
+      for (const Tensor& p : parts) {
+        values.slice(0, at, at + p.dim(0)).copy_from(p);
+        at += p.dim(0);
+      }
+    }
+    for (const auto& [item, reason] : bad) {
+      const DataItem& it = items_[static_cast<size_t>(item)];
+      std::string file;
+      for (const ItemPart& p : it.parts)
+        if (!p.missing && file.empty()) file = p.path;
+      records.push_back(run::Writers::error_record({item, it.id, file, reason}));
+    }
   }
   for (const run::ItemError& e : eb.errors) records.push_back(run::Writers::error_record(e));
   TSR_RETURN_IF_ERROR(writers_->write_shard(k, std::move(records), values));

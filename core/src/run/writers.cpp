@@ -82,16 +82,16 @@ json Writers::error_record(const ItemError& e) {
 }
 
 Status Writers::sequence_records(const Sequence* seqs, size_t n_seqs, const Placed& placed, const Outputs& out,
-                                 const Tensor& probs, int64_t* row_at, std::vector<json>* records) const {
+                                 const Tensor& probs, const std::vector<bool>& skip, std::vector<json>* records) const {
   const ModelConfig& m = exp_.model;
   const TaskKind task = exp_.task.kind;
+  records->assign(n_seqs, json());
   for (size_t i = 0; i < n_seqs; ++i) {
+    if (skip[i]) continue;
     const Sequence& s = seqs[i];
     const auto [b, start] = placed.at[i];
     const int64_t n = s.rows.size();
     json r = sequence_record(s);
-    if (task == TaskKind::hidden) r["start"] = *row_at;
-    *row_at += n;
     if (task == TaskKind::classify) {
       const int64_t K = m.head.n_classes;
       std::vector<int64_t> order(static_cast<size_t>(K));
@@ -144,7 +144,7 @@ Status Writers::sequence_records(const Sequence* seqs, size_t n_seqs, const Plac
       r["next"] = next;
     }
     if (exp_.outputs.provenance) r["prov"] = provenance_json(s);
-    records->push_back(std::move(r));
+    (*records)[i] = std::move(r);
     if (!exp_.task.attention.layers.empty()) TSR_RETURN_IF_ERROR(write_attention(s, b, start, out));
   }
   return Status::Ok();

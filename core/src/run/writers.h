@@ -27,9 +27,10 @@ class Writers {
 
   // One record per sequence of a forward chunk (seqs[0..n), placed as `placed` says), with what
   // the task adds (classify: top classes from probs (n, K); score: from out.logits), and their
-  // attention maps written. row_at: hidden rows of the batch before this chunk (advanced).
+  // attention maps written; records[i] stays null for a sequence whose skip[i] is set (its outputs
+  // are not finite). task hidden: the caller sets "start", which counts the batch's rows.
   Status sequence_records(const Sequence* seqs, size_t n, const Placed& placed, const Outputs& out, const Tensor& probs,
-                          int64_t* row_at, std::vector<json>* records) const;
+                          const std::vector<bool>& skip, std::vector<json>* records) const;
   json sequence_record(const Sequence& s) const;  // id, item, rows, name, label (the common part)
   static json error_record(const ItemError& e);
 
