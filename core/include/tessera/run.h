@@ -19,6 +19,10 @@
 // and threads, which decide the arithmetic), the model or a file the plugins read changed. A bad
 // item is recorded and skipped;
 // the summary counts it. Progress goes to stderr.
+//
+// One run at a time per folder: a run locks it (run.lock, flock(), holding the pid) and a second
+// one is refused naming that pid; a resume checks every manifest field and finished shard it
+// reads (a damaged shard is redone); RunOptions::stop ends a run cleanly between batches.
 #pragma once
 
 #include <atomic>
