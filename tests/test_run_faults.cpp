@@ -370,6 +370,43 @@ TEST(RunFolder, DamagedShardsAreRedoneOnResume) {
   fs::remove_all(d);
 }
 
+// A complete run whose items changed is cut back into shards from its merged outputs: outputs
+// that are not what the run wrote are a refusal naming the file, never an abort.
+TEST(RunFolder, DamagedOutputsOfACompleteRunAreRefusedByName) {
+  const std::string d = temp_dir("outputs");
+  const std::string exp = experiment_file(d, 12, "{batch_size: 3}");
+  ASSERT_EQ(run_tessera({"run", exp, "--out", d + "/run", "--quiet"}).code, 0);
+  std::string lines = slurp(d + "/lines.txt");
+  lines[0] = 'L';  // item 0 changed: its batch is redone, the others cut back into shards
+  write(d + "/lines.txt", lines);
+  fs::copy(d + "/run", d + "/clean", fs::copy_options::recursive);
+  struct Damage {
+    std::string file, bytes, named;
+  };
+  const std::vector<Damage> damages = {
+      {"embeddings.npy", slurp(d + "/run/embeddings.npy").substr(0, 60), "embeddings.npy"},
+      {"index.jsonl", "{\"id\":\"lines.txt:1\",\"item\":\"zero\",\"rows\":4}\n", "index.jsonl:1"},
+      {"index.jsonl", slurp(d + "/run/index.jsonl").substr(0, 50), "index.jsonl:"},
+      {"errors.jsonl", "[1, 2]\n", "errors.jsonl:1"},
+  };
+  for (const Damage& dm : damages) {
+    fs::remove_all(d + "/run");
+    fs::copy(d + "/clean", d + "/run", fs::copy_options::recursive);
+    write(d + "/run/" + dm.file, dm.bytes);
+    const Ran r = run_tessera({"run", exp, "--out", d + "/run", "--resume", "--quiet"});
+    EXPECT_EQ(r.code, 2) << dm.file << ": " << r.err;
+    EXPECT_NE(r.err.find(dm.named), std::string::npos) << dm.file << ": " << r.err;
+  }
+  // A 1-D array where the vectors were.
+  fs::remove_all(d + "/run");
+  fs::copy(d + "/clean", d + "/run", fs::copy_options::recursive);
+  ASSERT_TRUE(npy::save(d + "/run/embeddings.npy", Tensor::zeros({12})).ok());
+  const Ran flat = run_tessera({"run", exp, "--out", d + "/run", "--resume", "--quiet"});
+  EXPECT_EQ(flat.code, 2) << flat.err;
+  EXPECT_NE(flat.err.find("embeddings.npy is not a (rows, width) array"), std::string::npos) << flat.err;
+  fs::remove_all(d);
+}
+
 // Temporary files of atomic writes that a kill left behind (".NAME.tmp.PID.N") are removed when
 // the folder is opened again, wherever the run writes them.
 TEST(RunFolder, TemporaryFilesLeftByAKillAreRemoved) {

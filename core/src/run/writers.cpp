@@ -365,6 +365,9 @@ Status Writers::unmerge(const std::set<int64_t>& keep) const {
     const std::string path = (dir_ / (task == TaskKind::hidden ? "hidden.npy" : "embeddings.npy")).string();
     Result<Tensor> v = npy::load(path);
     if (!v.ok()) return v.status();
+    if (v->shape().rank() != 2 || v->dtype() != DType::f32)
+      return Status::Invalid(path + " is not a (rows, width) array of float32 vectors, as this run wrote it; start "
+                             "over with --force");
     values = std::move(v).value();
   }
   std::map<int64_t, std::vector<json>> records;                           // per batch, as its shard
