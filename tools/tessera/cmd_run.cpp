@@ -3,9 +3,13 @@
 // plugin, row by row). The batch runner itself is core's (tessera/run.h); this file parses options
 // and prints.
 #include <CLI/CLI.hpp>
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "commands.h"
@@ -19,6 +23,23 @@ namespace {
 
 constexpr int kExitSomeItemsFailed = 3;
 
+// SIGTERM and SIGINT stop a run after the batch it is writing (RunOptions::stop); a second one
+// ends the process at once (the handler resets itself), which the run folder also survives: its
+// files are written atomically and a resume redoes what is not recorded as done.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "set from a signal handler");
+
+extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
 struct RunArgs {
   std::string file, out;
   std::vector<std::string> overrides;
@@ -26,6 +47,29 @@ struct RunArgs {
   int64_t limit = -1, batch_size = 0;
   int threads = -1, workers = -1;
 };
+
+// The run folder's files and folders with their sizes. Whatever else is there (a dangling
+// symbolic link, a link loop, a file removed meanwhile) is listed as it is, never an error.
+std::vector<std::vector<std::string>> folder_listing(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::vector<std::string>> rows;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const fs::path& p = it->path();
+    std::error_code e2;
+    if (it->is_directory(e2)) {
+      int64_t n = 0;
+      for (auto f = fs::directory_iterator(p, e2); !e2 && f != fs::directory_iterator(); f.increment(e2)) ++n;
+      rows.push_back({p.string() + "/", std::to_string(n) + " files"});
+      continue;
+    }
+    const uintmax_t size = it->file_size(e2);
+    if (!e2) rows.push_back({p.string(), fmt_bytes(static_cast<double>(size))});
+    else if (it->is_symlink(e2)) rows.push_back({p.string(), "(a link to nothing readable)"});
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
 
 int run_run(const RunArgs& a) {
   std::vector<std::string> overrides = a.overrides;
@@ -40,6 +84,8 @@ int run_run(const RunArgs& a) {
   opt.resume = a.resume;
   opt.force = a.force;
   opt.progress = !a.quiet;
+  opt.stop = &g_stop_signal;
+  catch_stop_signals();
   Result<RunSummary> r = run_experiment(*exp, opt);
   if (!r.ok()) {
     std::fprintf(stderr, "tessera run: %s\n", r.status().message().c_str());
@@ -47,6 +93,12 @@ int run_run(const RunArgs& a) {
     return c == Code::internal || c == Code::io_error ? kExitFailure : kExitBadInput;
   }
   const RunSummary& s = *r;
+  if (s.stopped_by != 0) {  // exit 128 + the signal, as the shell reports a process it ended
+    std::fprintf(stderr, "tessera run: stopped by %s: %lld of %lld batches kept in %s; continue with --resume\n",
+                 s.stopped_by == SIGINT ? "SIGINT" : s.stopped_by == SIGTERM ? "SIGTERM" : strsignal(s.stopped_by),
+                 static_cast<long long>(s.batches_kept), static_cast<long long>(s.batches), s.dir.c_str());
+    return 128 + s.stopped_by;
+  }
   const std::string redone = s.batches_redone > 0 ? ", " + std::to_string(s.batches_redone) + " redone" : "";
   std::printf("%s: %lld items, %lld sequences written, %lld failed, %lld batches (%lld resumed%s), %.1f s\n",
               s.dir.c_str(), static_cast<long long>(s.items), static_cast<long long>(s.sequences),
@@ -59,19 +111,7 @@ int run_run(const RunArgs& a) {
     if (s.batches_resumed == 0 && s.items > 0) std::printf("; %.2f items/s", static_cast<double>(s.items) / s.seconds);
     std::printf("\n");
   }
-  std::vector<std::vector<std::string>> rows;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(s.dir, ec)) {
-    if (e.is_directory()) {
-      int64_t n = 0;
-      for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(e.path(), ec)) ++n;
-      rows.push_back({e.path().string() + "/", std::to_string(n) + " files"});
-    } else {
-      rows.push_back({e.path().string(), fmt_bytes(static_cast<double>(e.file_size()))});
-    }
-  }
-  std::sort(rows.begin(), rows.end());
-  std::printf("%s", table(rows, 2).c_str());
+  std::printf("%s", table(folder_listing(s.dir), 2).c_str());
   if (s.failed > 0)
     std::fprintf(stderr, "tessera run: %lld item(s) failed; their reasons are in %s/errors.jsonl\n",
                  static_cast<long long>(s.failed), s.dir.c_str());
@@ -293,7 +333,8 @@ void add_run_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--workers", args->workers, "threads decoding items while the model runs (default: runtime.workers)");
   cmd->add_flag("--quiet", args->quiet, "no progress on stderr");
   cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
-  cmd->footer("Exit codes: 0 all items done, 3 some items failed (see errors.jsonl), 2 bad input, 1 failure.");
+  cmd->footer("Exit codes: 0 all items done, 3 some items failed (see errors.jsonl), 2 bad input, 1 failure, "
+              "143 / 130 stopped by SIGTERM / SIGINT after the batch it was writing (continue with --resume).");
   cmd->callback([args, run] { *run = [args] { return run_run(*args); }; });
 }
 

@@ -19,8 +19,13 @@
 // and threads, which decide the arithmetic), the model or a file the plugins read changed. A bad
 // item is recorded and skipped;
 // the summary counts it. Progress goes to stderr.
+//
+// One run at a time per folder: a run locks it (run.lock, flock(), holding the pid) and a second
+// one is refused naming that pid; a resume checks every manifest field and finished shard it
+// reads (a damaged shard is redone); RunOptions::stop ends a run cleanly between batches.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -86,6 +91,11 @@ struct RunOptions {
   bool progress = true;  // items/s and ETA on stderr
   // Called after each batch is committed (tests use it to stop a run midway).
   std::function<void(int64_t batches_done, int64_t batches_total)> on_batch;
+  // Read before each batch: once it holds a signal number (`tessera run` sets it from its SIGTERM
+  // and SIGINT handler), the run stops after the batch being written. Every batch it finished is
+  // kept, manifest.json says "stopped" and lists them, and the summary says stopped_by; a resume
+  // continues from there. Null: the run goes to its end.
+  const std::atomic<int>* stop = nullptr;
 };
 
 struct RunSummary {
@@ -96,6 +106,9 @@ struct RunSummary {
   int64_t batches = 0;
   int64_t batches_resumed = 0;  // batches found done and skipped
   int64_t batches_redone = 0;   // batches found done whose items changed since: computed again
+  int stopped_by = 0;            // the signal that stopped the run (RunOptions::stop), 0 if it ran to its end
+  int64_t batches_kept = 0;      // stopped: the batches done in the run folder (resumed ones included)
+  int64_t largest_forward = 0;  // the most sequences in one forward pass (at most runtime.batch_size)
   double seconds = 0;
   // Where the seconds went: setting up (plugins, the model, listing the dataset), the model
   // (forward passes and heads), and the model's thread waiting for the plugins' rows (decoding

@@ -1,0 +1,289 @@
+// The batcher: items -> encoded batches, and sequences -> the model's Batch. See batcher.h.
+#include "batcher.h"
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+namespace tessera::run {
+
+Result<std::string> item_bytes(const ItemPart& p) {
+  if (p.in_memory) return p.bytes;
+  if (p.path.empty()) return p.text;
+  if (!p.is_text || p.offset == 0) {
+    Result<std::string> all = read_file(p.path);
+    if (!all.ok() || !p.is_text || all->size() == p.length) return all;
+  }
+  std::ifstream f(p.path, std::ios::binary);
+  std::string buf(p.length, '\0');
+  if (!f || !f.seekg(static_cast<std::streamoff>(p.offset)) || !f.read(buf.data(), static_cast<std::streamsize>(p.length)))
+    return Status::IoError(p.path + ": cannot read bytes " + std::to_string(p.offset) + ".." +
+                           std::to_string(p.offset + p.length));
+  return buf;
+}
+
+namespace {
+
+// An item's inputs as its plugins get them: each part's bytes, or why they cannot be read (empty
+// for a missing part). Nothing is read for an item that is broken before any plugin sees it.
+std::vector<Result<std::string>> read_parts(const DataItem& item) {
+  std::vector<Result<std::string>> v;
+  if (!item.error.empty()) return v;
+  for (const ItemPart& p : item.parts) v.push_back(p.missing ? Result<std::string>(std::string()) : item_bytes(p));
+  return v;
+}
+
+}  // namespace
+
+// What an item's outputs are computed from, besides the configuration: its id, name and label
+// (they are written beside its outputs), the error it was listed with, and per input its file,
+// first line (plugins name it in their errors) and bytes, or why they could not be read. Not the
+// byte offset in a text file: editing one line leaves the other lines' items as they were.
+uint64_t item_content_hash(const DataItem& item, const std::vector<Result<std::string>>& bytes) {
+  uint64_t h = hash_field(item.id, kFnvOffset);
+  h = hash_field(item.name, h);
+  h = hash_field(item.label ? "1" + *item.label : "0", h);
+  h = hash_field(item.error, h);
+  h = hash_field(item.source, h);
+  for (size_t p = 0; p < bytes.size(); ++p) {
+    const ItemPart& part = item.parts[p];
+    h = hash_field(part.missing     ? "missing"
+                   : part.in_memory ? "in memory"
+                   : part.is_text   ? "text"
+                                    : "file",
+                   h);
+    h = hash_field(part.path, h);
+    h = hash_field(std::to_string(part.line), h);
+    h = bytes[p].ok() ? hash_field(bytes[p].value(), hash_field("bytes", h))
+                      : hash_field(bytes[p].status().message(), hash_field("unreadable", h));
+  }
+  return h;
+}
+
+uint64_t batch_content(const std::vector<uint64_t>& item_hashes) {
+  uint64_t h = kFnvOffset;
+  for (uint64_t x : item_hashes) h = fnv1a(&x, sizeof x, h);
+  return h;
+}
+
+Result<std::vector<TokenRows>> encode_part(Encoder& enc, const PluginItem& pi) { return enc.encode(pi); }
+
+Batcher::Batcher(const Experiment& exp, const std::vector<DataItem>& items,
+                 std::vector<std::shared_ptr<const Plugin>> plugins, std::vector<std::vector<Encoder>>* encoders,
+                 StemLayout layout, int64_t batch_size)
+    : exp_(exp),
+      items_(items),
+      plugins_(std::move(plugins)),
+      encoders_(encoders),
+      layout_(std::move(layout)),
+      batch_size_(batch_size) {}
+
+int64_t Batcher::batches() const { return (static_cast<int64_t>(items_.size()) + batch_size_ - 1) / batch_size_; }
+
+std::pair<int64_t, int64_t> Batcher::item_range(int64_t k) const {
+  const int64_t begin = k * batch_size_;
+  return {begin, std::min<int64_t>(begin + batch_size_, static_cast<int64_t>(items_.size()))};
+}
+
+uint64_t Batcher::content_now(int64_t k) const {
+  const auto [begin, end] = item_range(k);
+  std::vector<uint64_t> hashes;
+  for (int64_t i = begin; i < end; ++i) {
+    const DataItem& item = items_[static_cast<size_t>(i)];
+    hashes.push_back(item_content_hash(item, read_parts(item)));
+  }
+  return batch_content(hashes);
+}
+
+// Appends plugin p's rows to s in the stem's layout: ids shifted into its block, features into
+// its columns.
+void Batcher::append_rows(Sequence& s, size_t p, const TokenRows& r) const {
+  const bool several = plugins_.size() > 1;
+  const int64_t F = exp_.model.stem.kind == StemKind::identity ? exp_.model.d_model : exp_.model.stem.n_features;
+  TokenRows& c = s.rows;
+  const int64_t at = c.size(), n = r.size();
+  if (r.kind == TSR_ROWS_FEATURES && !c.features.defined() && at == 0 && !several) {
+    c = r;  // one plugin: the rows as they are
+  } else {
+    if (r.kind == TSR_ROWS_FEATURES || c.features.defined()) {
+      Tensor f = Tensor::zeros({at + n, F});
+      if (c.features.defined() && at > 0) f.slice(0, 0, at).copy_from(c.features);
+      if (r.kind == TSR_ROWS_FEATURES) {
+        const int64_t col = layout_.column[p];
+        f.slice(0, at, at + n).slice(1, col, col + r.features.dim(1)).copy_from(r.features);
+      }
+      c.features = f;
+      c.kind = TSR_ROWS_FEATURES;
+    } else {
+      c.kind = TSR_ROWS_IDS;
+    }
+    c.ids.resize(static_cast<size_t>(at + n), 0);
+    if (r.kind == TSR_ROWS_IDS)
+      for (int64_t i = 0; i < n; ++i)
+        c.ids[static_cast<size_t>(at + i)] = r.ids[static_cast<size_t>(i)] + static_cast<int32_t>(layout_.id_offset[p]);
+    c.positions.insert(c.positions.end(), r.positions.begin(), r.positions.end());
+    c.roles.insert(c.roles.end(), r.roles.begin(), r.roles.end());
+    c.provenance.insert(c.provenance.end(), r.provenance.begin(), r.provenance.end());
+    if (c.picture.width == 0 && r.picture.width > 0) {
+      c.picture = r.picture;
+      c.grid_rows = r.grid_rows;
+      c.grid_cols = r.grid_cols;
+      s.picture_begin = at;
+      s.picture_end = at + n;
+    }
+  }
+  s.kinds.insert(s.kinds.end(), static_cast<size_t>(n), r.kind == TSR_ROWS_FEATURES ? 1 : 0);
+  s.modality.insert(s.modality.end(), static_cast<size_t>(n), static_cast<int32_t>(p));
+}
+
+void Batcher::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch* out) const {
+  const DataItem& item = items_[static_cast<size_t>(index)];
+  auto fail = [&](const std::string& file, const std::string& reason) {
+    out->errors.push_back({index, item.id, file, reason});
+  };
+  // Read once: what the plugins encode is what the manifest records as the item's content.
+  const std::vector<Result<std::string>> bytes = read_parts(item);
+  out->item_hashes.emplace_back(index, item_content_hash(item, bytes));
+  if (!item.error.empty())
+    return fail(!item.source.empty() ? item.source : item.parts.empty() ? std::string() : item.parts[0].path, item.error);
+  std::vector<std::vector<TokenRows>> per_plugin(encs.size());
+  std::vector<size_t> given;  // the plugins with an input for this item
+  for (size_t p = 0; p < encs.size(); ++p) {
+    const ItemPart& part = item.parts[p];
+    if (part.missing) continue;
+    if (!bytes[p].ok()) return fail(part.path, bytes[p].status().message());
+    PluginItem pi;
+    pi.id = item.id;
+    pi.source = part.path;
+    pi.data = bytes[p].value();
+    pi.source_offset = part.offset;
+    pi.source_line = part.line;
+    Result<std::vector<TokenRows>> rows = encode_part(encs[p], pi);
+    if (!rows.ok()) return fail(part.path, rows.status().message());
+    per_plugin[p] = std::move(rows).value();
+    given.push_back(p);
+  }
+  if (given.empty()) return fail(item.source, "no input for any plugin");
+  std::vector<Sequence> made;
+  if (given.size() == 1) {  // one input: each of its sequences (windows) is a sequence
+    const size_t p = given[0];
+    for (TokenRows& r : per_plugin[p]) {
+      made.emplace_back();
+      made.back().item = index;
+      made.back().id = r.label.empty() ? item.id : item.id + "/" + r.label;
+      append_rows(made.back(), p, r);
+    }
+  } else {  // several inputs: one sequence, their rows one after another
+    for (size_t p : given)
+      if (per_plugin[p].size() != 1)
+        return fail(item.parts[p].path, "plugin " + plugins_[p]->name() + " gave " + std::to_string(per_plugin[p].size()) +
+                                            " sequences; in a multimodal sequence each plugin gives one");
+    made.emplace_back();
+    made.back().item = index;
+    made.back().id = item.id;
+    for (size_t p : given) append_rows(made.back(), p, per_plugin[p][0]);
+  }
+  // A sequence longer than the positions reach is a bad item (its batch would fail otherwise).
+  const PositionConfig& pos = exp_.model.positions;
+  for (const Sequence& s : made)
+    if ((pos.kind == PositionKind::learned || pos.kind == PositionKind::sinusoidal) && s.rows.size() > pos.max_len)
+      return fail(item.parts[given[0]].path,
+                  std::to_string(s.rows.size()) + " rows, more than model.positions.max_len (" + std::to_string(pos.max_len) +
+                      "): give the plugin a maximum length and a length policy (truncate, windows), or raise max_len");
+  const bool mixed = exp_.model.stem.kind == StemKind::mixed;
+  const bool modal = exp_.model.stem.modalities > 0;
+  for (Sequence& s : made) {
+    if (!modal) s.modality.clear();
+    if (!mixed) s.kinds.clear();
+    out->seqs.push_back(std::move(s));
+  }
+}
+
+EncodedBatch Batcher::encode_batch(int64_t k) {
+  const auto [begin, end] = item_range(k);
+  const int64_t W = static_cast<int64_t>(encoders_->size());
+  std::vector<EncodedBatch> parts(static_cast<size_t>(W));
+  auto work = [&](int64_t w) {
+    for (int64_t i = begin + w; i < end; i += W)
+      encode_item(i, (*encoders_)[static_cast<size_t>(w)], &parts[static_cast<size_t>(w)]);
+  };
+  if (W == 1) {
+    work(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int64_t w = 0; w < W; ++w) threads.emplace_back(work, w);
+    for (auto& t : threads) t.join();
+  }
+  // Back into item order, so that outputs never depend on how many workers decoded.
+  EncodedBatch out;
+  for (auto& p : parts) {
+    for (auto& s : p.seqs) out.seqs.push_back(std::move(s));
+    for (auto& e : p.errors) out.errors.push_back(std::move(e));
+    out.item_hashes.insert(out.item_hashes.end(), p.item_hashes.begin(), p.item_hashes.end());
+  }
+  std::sort(out.item_hashes.begin(), out.item_hashes.end());
+  std::vector<uint64_t> hashes;
+  for (const auto& ih : out.item_hashes) hashes.push_back(ih.second);
+  out.content = batch_content(hashes);
+  std::stable_sort(out.seqs.begin(), out.seqs.end(), [](const Sequence& a, const Sequence& b) { return a.item < b.item; });
+  std::sort(out.errors.begin(), out.errors.end(), [](const ItemError& a, const ItemError& b) { return a.item < b.item; });
+  return out;
+}
+
+std::vector<std::pair<size_t, size_t>> forward_chunks(size_t n_sequences, int64_t max_sequences) {
+  const size_t step = static_cast<size_t>(std::max<int64_t>(1, max_sequences));
+  std::vector<std::pair<size_t, size_t>> v;
+  for (size_t i = 0; i < n_sequences; i += step) v.emplace_back(i, std::min(n_sequences, i + step));
+  return v;
+}
+
+Placed place_sequences(const ModelConfig& m, const Sequence* seqs, size_t n_seqs, bool packing) {
+  Placed p;
+  int64_t T = 0;
+  for (size_t i = 0; i < n_seqs; ++i) T = std::max(T, seqs[i].rows.size());
+  std::vector<int64_t> fill;
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const Sequence& s = seqs[i];
+    int64_t row = -1;
+    if (packing)
+      for (size_t r = 0; r < fill.size() && row < 0; ++r)
+        if (fill[r] + s.rows.size() <= T) row = static_cast<int64_t>(r);
+    if (row < 0) {
+      row = static_cast<int64_t>(fill.size());
+      fill.push_back(0);
+    }
+    p.at.emplace_back(row, fill[static_cast<size_t>(row)]);
+    fill[static_cast<size_t>(row)] += s.rows.size();
+  }
+  const int64_t B = static_cast<int64_t>(fill.size());
+  const bool ids = m.stem.kind == StemKind::tokens || m.stem.kind == StemKind::mixed;
+  const bool feats = m.stem.kind != StemKind::tokens;
+  const int64_t F = m.stem.kind == StemKind::identity ? m.d_model : m.stem.n_features;
+  Batch& batch = p.batch;
+  if (ids) batch.ids = Tensor::zeros({B, T}, DType::i32);
+  if (feats) batch.rows = Tensor::zeros({B, T, F});
+  batch.roles = Tensor::full({B, T}, TSR_ROLE_PAD).to(DType::u8);
+  if (m.stem.kind == StemKind::mixed) batch.kinds = Tensor::zeros({B, T}, DType::u8);
+  if (m.stem.modalities > 0) batch.modality = Tensor::zeros({B, T}, DType::i32);
+  if (packing) batch.segments = Tensor::full({B, T}, -1).to(DType::i32);
+  else batch.lengths.assign(static_cast<size_t>(B), 0);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const Sequence& s = seqs[i];
+    const auto [b, start] = p.at[i];
+    const int64_t n = s.rows.size();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t o = b * T + start + t;
+      const size_t u = static_cast<size_t>(t);
+      if (ids && (s.rows.kind == TSR_ROWS_IDS || !s.kinds.empty())) batch.ids.data<int32_t>()[o] = s.rows.ids.empty() ? 0 : s.rows.ids[u];
+      if (feats && s.rows.features.defined()) batch.rows.select(0, b).select(0, start + t).copy_from(s.rows.features.select(0, t));
+      batch.roles.data<uint8_t>()[o] = s.rows.roles[u];
+      if (batch.kinds.defined()) batch.kinds.data<uint8_t>()[o] = s.kinds.empty() ? (s.rows.kind == TSR_ROWS_FEATURES) : s.kinds[u];
+      if (batch.modality.defined()) batch.modality.data<int32_t>()[o] = s.modality.empty() ? 0 : s.modality[u];
+      if (packing) batch.segments.data<int32_t>()[o] = static_cast<int32_t>(i);
+    }
+    if (!packing) batch.lengths[static_cast<size_t>(b)] = n;
+  }
+  return p;
+}
+
+}  // namespace tessera::run
