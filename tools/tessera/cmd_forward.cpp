@@ -39,7 +39,7 @@ bool rows_finite(const Batch& batch, const std::string& source) {
 
 int run_forward(const ForwardArgs& a) {
   std::optional<Loaded> L = load_and_build(a.file, a.overrides);
-  if (!L) return kExitBadInput;
+  if (!L) return load_failure_exit_code();
   std::optional<Batch> batch = input_batch(L->exp, a.ids, a.rows);
   if (!batch) return kExitBadInput;
   if (!rows_finite(*batch, a.rows.empty() ? L->exp.file + ": input.rows" : "--rows " + a.rows)) return kExitBadInput;

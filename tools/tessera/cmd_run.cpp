@@ -327,10 +327,13 @@ void add_run_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--out", args->out, "the run folder (default: outputs.dir, else runs/<experiment name>)");
   cmd->add_flag("--resume", args->resume, "continue a killed run in the run folder");
   cmd->add_flag("--force", args->force, "start over in a run folder that already holds a run");
-  cmd->add_option("--limit", args->limit, "read at most this many items");
-  cmd->add_option("--batch-size", args->batch_size, "items per forward pass (default: runtime.batch_size)");
-  cmd->add_option("--threads", args->threads, "intra-op threads (default: runtime.threads; 0 = all cores)");
-  cmd->add_option("--workers", args->workers, "threads decoding items while the model runs (default: runtime.workers)");
+  cmd->add_option("--limit", args->limit, "read at most this many items")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch-size", args->batch_size, "items per forward pass (default: runtime.batch_size)")
+      ->check(CLI::Range(int64_t{1}, limits::kBatch));
+  cmd->add_option("--threads", args->threads, "intra-op threads (default: runtime.threads; 0 = all cores)")
+      ->check(CLI::Range(0, static_cast<int>(limits::kThreads)));
+  cmd->add_option("--workers", args->workers, "threads decoding items while the model runs (default: runtime.workers)")
+      ->check(CLI::Range(0, static_cast<int>(limits::kThreads)));
   cmd->add_flag("--quiet", args->quiet, "no progress on stderr");
   cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
   cmd->footer("Exit codes: 0 all items done, 3 some items failed (see errors.jsonl), 2 bad input, 1 failure, "

@@ -18,6 +18,7 @@
 #include "batcher.h"
 #include "run_common.h"
 #include "run_folder.h"
+#include "tessera/machine.h"
 #include "tessera/run.h"
 #include "writers.h"
 
@@ -117,6 +118,10 @@ Status Runner::setup() {
   std::vector<tsr_encoder_info> infos;
   for (const Encoder& e : encoders_[0]) infos.push_back(e.info());
   set_num_threads(exp_.runtime.threads);
+  // A model the machine cannot hold is refused before anything is allocated (rows per item are
+  // not known before encoding: the plan takes bench.seq_len, as `tessera check` does).
+  const MemoryPlan plan = memory_plan(exp_.model, exp_.bench.seq_len, exp_.runtime.batch_size);
+  if (Status st = check_memory(plan, machine_memory()); !st.ok()) return st.with_prefix(exp_.file);
   Result<Model> m = Model::build(exp_.model);
   if (!m.ok()) return m.status().with_prefix(exp_.file);
   model_.emplace(std::move(m).value());
@@ -234,11 +239,11 @@ run::RunIdentity Runner::identity() const {
   return id;
 }
 
-// Why a sequence's output cannot be written: "non-finite output in <output>". The hook for naming
-// where the values went wrong: TODO(issue 14): add the first layer that produced a non-finite
-// value (the numerics part's Model function), run on this sequence alone.
-std::string nonfinite_reason(const std::string& output) {
-  return "non-finite output in " + output + " (NaN or infinity): the item's outputs are not written";
+// Why a sequence's output cannot be written: "non-finite output in <output>", and where the values
+// first went wrong (`where`: the model's first layer that made them, when the forward made them).
+std::string nonfinite_reason(const std::string& output, const std::string& where) {
+  return "non-finite output in " + output + " (NaN or infinity)" + (where.empty() ? "" : ": " + where) +
+         ": the item's outputs are not written";
 }
 
 bool all_finite(const Tensor& t) {
@@ -309,8 +314,21 @@ Status Runner::forward_chunk(const Sequence* seqs, size_t n_seqs, int64_t k, std
       if (bad.empty() && !all_finite(w.select(0, b).slice(1, start, start + n).slice(2, start, start + n)))
         bad = "attention maps (layer " + std::to_string(l) + ")";
     }
-    if (!bad.empty()) o.nonfinite = nonfinite_reason(bad);
+    if (!bad.empty()) o.nonfinite = bad;
     skip[i] = !bad.empty();
+  }
+  // Only a chunk with a bad sequence pays for naming the layer: the same pass again, watched.
+  if (std::find(skip.begin(), skip.end(), true) != skip.end()) {
+    std::vector<NonFinite> layers;
+    if (Result<std::vector<NonFinite>> f = first_nonfinite_layers(*model_, placed.batch, fo); f.ok())
+      layers = std::move(f).value();
+    for (size_t i = 0; i < n_seqs; ++i) {
+      if (!skip[i]) continue;
+      const size_t b = static_cast<size_t>(placed.at[i].first);
+      const std::string where = b < layers.size() && layers[b].found() ? layers[b].describe()
+                                                                       : std::string("made after the model's layers (pooler or classifier)");
+      chunk[i].nonfinite = nonfinite_reason(chunk[i].nonfinite, where);
+    }
   }
   std::vector<json> records;
   TSR_RETURN_IF_ERROR(writers_->sequence_records(seqs, n_seqs, placed, out, probs, skip, &records));
