@@ -1014,8 +1014,12 @@ TEST(Cli, CommandLineSizesHaveLimits) {
   const Ran run = run_cli("run configs/examples/generate_tiny.yaml --quiet --out " + out +
                           " --batch-size 9223372036854775807");
   EXPECT_EQ(run.code, 2) << run.err;
-  EXPECT_TRUE(has(run.err, "runtime.batch_size: 9223372036854775807 is more than the limit 65536"))
-      << run.err;
+  EXPECT_TRUE(has(run.err, "--batch-size: Value 9223372036854775807 not in range 1 to 65536")) << run.err;
+  // Through --set the schema's limit speaks, naming the key.
+  const Ran set = run_cli("run configs/examples/generate_tiny.yaml --quiet --out " + out +
+                          " --set runtime.batch_size=9223372036854775807");
+  EXPECT_EQ(set.code, 2) << set.err;
+  EXPECT_TRUE(has(set.err, "runtime.batch_size: 9223372036854775807 is more than the limit 65536")) << set.err;
   EXPECT_FALSE(has(run.out, "0 sequences written")) << run.out;
   EXPECT_FALSE(std::filesystem::exists(out + "/manifest.json"));
   const Ran gen =

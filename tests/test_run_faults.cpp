@@ -532,6 +532,8 @@ TEST(Numerics, NonFiniteOutputsMakeTheItemBad) {
     EXPECT_NE(errors.find("non-finite output in " + std::string(task == std::string("embed") ? "embeddings" : "hidden")),
               std::string::npos)
         << errors;
+    // ... and where the values went wrong: the model's first layer that made them.
+    EXPECT_NE(errors.find("first appears in"), std::string::npos) << errors;
     const Tensor v = npy::load(o.out_dir + (task == std::string("embed") ? "/embeddings.npy" : "/hidden.npy")).value();
     for (float x : v.to_vector()) ASSERT_TRUE(std::isfinite(x)) << task;
     EXPECT_EQ(slurp(o.out_dir + "/index.jsonl").find("t.txt:2"), std::string::npos);
