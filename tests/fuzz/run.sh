@@ -108,6 +108,7 @@ make_seeds() {
 
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$ROOT/tests/fuzz/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 status=0
 summary="harness        execs      exec/s  cov    ft     corpus  findings"
@@ -116,10 +117,15 @@ for h in "${HARNESSES[@]}"; do
   [ -x "$bin" ] || { echo "no harness $bin" >&2; status=2; continue; }
   make_seeds "$h"
   mkdir -p "$BUILD/corpus/$h" "$BUILD/findings/$h"
-  dict=()
+  flags=()
   case $h in
-    yaml) dict=(-dict=tests/fuzz/yaml.dict) ;;
-    safetensors|hf_folder|manifest|run_manifest|tokenizer) dict=(-dict=tests/fuzz/json.dict) ;;
+    yaml) flags=(-dict=tests/fuzz/yaml.dict) ;;
+    safetensors|hf_folder|manifest|run_manifest|tokenizer) flags=(-dict=tests/fuzz/json.dict) ;;
+  esac
+  # Longer inputs only slow these down (each byte goes through a file and a tokenizer).
+  case $h in
+    fasta|manifest) flags+=(-max_len=2048) ;;
+    tokenizer) flags+=(-max_len=16384) ;;
   esac
   runs=()
   [ -n "${FUZZ_RUNS:-}" ] && runs=(-runs="$FUZZ_RUNS")
@@ -128,7 +134,7 @@ for h in "${HARNESSES[@]}"; do
   echo "== $h: ${SECONDS_EACH}s ${FUZZ_RUNS:+or $FUZZ_RUNS runs}, log $log"
   # shellcheck disable=SC2086
   nice -n "${FUZZ_NICE:-10}" "$bin" -max_total_time="$SECONDS_EACH" "${runs[@]}" -timeout=20 -rss_limit_mb=2560 \
-    -print_final_stats=1 -artifact_prefix="$BUILD/findings/$h/" "${dict[@]}" ${FUZZ_ARGS:-} \
+    -print_final_stats=1 -artifact_prefix="$BUILD/findings/$h/" "${flags[@]}" ${FUZZ_ARGS:-} \
     "$BUILD/corpus/$h" "$BUILD/seeds/$h" >"$log" 2>&1
   rc=$?
   after=$(ls "$BUILD/findings/$h" | wc -l)
