@@ -13,6 +13,8 @@
 # exec/s, coverage (cov: edges, ft: features) and findings; exits 1 if any harness found anything.
 # Environment: FUZZ_BUILD (build folder, default build/fuzz), FUZZ_RUNS (-runs), FUZZ_ARGS (more
 # libFuzzer flags), FUZZ_NICE (default 10).
+# The whole script is one block, read before it runs: editing the file during a run is harmless.
+{
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -155,3 +157,4 @@ for h in "${HARNESSES[@]}"; do
 done
 echo "$summary"
 exit $status
+}
