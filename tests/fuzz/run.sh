@@ -128,6 +128,7 @@ for h in "${HARNESSES[@]}"; do
   case $h in
     fasta|manifest) flags+=(-max_len=2048) ;;
     tokenizer) flags+=(-max_len=16384) ;;
+    audio) flags+=(-max_len=8192) ;;
   esac
   runs=()
   [ -n "${FUZZ_RUNS:-}" ] && runs=(-runs="$FUZZ_RUNS")
