@@ -187,7 +187,8 @@ TEST(Idx, RefusesHostileHeaders) {
       "a.idx: bytes 4..16: dimensions 4294967295 × 4294967295 × 4294967295 f64 need more bytes than any "
       "file holds (the header is corrupt)");
   // An empty array whose other dimensions multiply past int64: its strides could not be computed
-  // (accepted before, with overflowing strides: undefined behaviour found by tests/fuzz/fuzz_idx).
+  // (accepted before, with overflowing strides: undefined behaviour, found reviewing idx.cpp for
+  // tests/fuzz/fuzz_idx; the input is tests/data/fuzz-regressions/idx/).
   EXPECT_EQ(error_of("a.idx", header(0x08, {0, 0xffffffff, 0xffffffff, 0xffffffff})),
             "a.idx: bytes 4..20: dimensions 0 × 4294967295 × 4294967295 × 4294967295 u8: the array is empty, "
             "but its other dimensions multiply to more than 2^63 elements, more than a tensor can index (the "
