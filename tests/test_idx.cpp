@@ -186,6 +186,22 @@ TEST(Idx, RefusesHostileHeaders) {
       error_of("a.idx", header(0x0e, {0xffffffff, 0xffffffff, 0xffffffff})),
       "a.idx: bytes 4..16: dimensions 4294967295 × 4294967295 × 4294967295 f64 need more bytes than any "
       "file holds (the header is corrupt)");
+  // An empty array whose other dimensions multiply past int64: its strides could not be computed
+  // (accepted before, with overflowing strides: undefined behaviour, found reviewing idx.cpp for
+  // tests/fuzz/fuzz_idx; the input is tests/data/fuzz-regressions/idx/).
+  EXPECT_EQ(error_of("a.idx", header(0x08, {0, 0xffffffff, 0xffffffff, 0xffffffff})),
+            "a.idx: bytes 4..20: dimensions 0 × 4294967295 × 4294967295 × 4294967295 u8: the array is empty, "
+            "but its other dimensions multiply to more than 2^63 elements, more than a tensor can index (the "
+            "header is corrupt)");
+  EXPECT_EQ(error_of("a.gz", gzip(header(0x08, {0xffffffff, 0, 0xffffffff, 0xffffffff}))),
+            "a.gz: decompressed bytes 4..20: dimensions 4294967295 × 0 × 4294967295 × 4294967295 u8: the array "
+            "is empty, but its other dimensions multiply to more than 2^63 elements, more than a tensor can "
+            "index (the header is corrupt)");
+  // Empty arrays whose dimensions fit are read.
+  Result<Tensor> empty = idx::parse("e.idx", header(0x08, {0, 0xffffffff, 0x7fffffff}));
+  ASSERT_TRUE(empty.ok()) << empty.status().message();
+  EXPECT_EQ(empty->numel(), 0);
+  EXPECT_EQ(empty->dim(2), 0x7fffffff);
   // A header claiming more than the file holds is refused before anything is allocated.
   EXPECT_EQ(
       error_of("a.idx", header(0x08, {10000, 28, 28}) + std::string(100, '\0')),

@@ -493,7 +493,7 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
     for (const auto& [name, f] : st.file_of) {
       if (st.used.count(name) || ignorable.count(name)) continue;
       if (std::any_of(ignorable_prefixes.begin(), ignorable_prefixes.end(),
-                      [&](const std::string& pre) { return starts_with(name, pre); }))
+                      [&n = name](const std::string& pre) { return starts_with(n, pre); }))
         continue;
       const safetensors::TensorInfo* info = st.info(name);
       unexpected.err(st.file_name(name) + ": unexpected tensor \"" + name + "\" " + info->shape.str() +

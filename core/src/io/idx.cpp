@@ -231,14 +231,23 @@ Result<Tensor> parse(const std::string& label, std::string_view bytes) {
   std::vector<uint64_t> dims(static_cast<size_t>(rank));
   uint64_t data_bytes = type->size;  // checked against overflow as it grows
   bool overflow = false;
+  // A dimension of 0 empties the array, but the other dimensions still give the tensor's element
+  // count and strides, which are int64: their product must fit too (as in npy.cpp).
+  int64_t nonzero_product = 1;
+  bool nonzero_overflow = false;
   for (int i = 0; i < rank; ++i) {
-    dims[static_cast<size_t>(i)] = big_u32(raw_dims + 4 * i);
-    overflow = overflow || __builtin_mul_overflow(data_bytes, dims[static_cast<size_t>(i)], &data_bytes);
+    const uint64_t d = big_u32(raw_dims + 4 * i);
+    dims[static_cast<size_t>(i)] = d;
+    overflow = overflow || __builtin_mul_overflow(data_bytes, d, &data_bytes);
+    if (d != 0) nonzero_overflow = nonzero_overflow || __builtin_mul_overflow(nonzero_product, static_cast<int64_t>(d), &nonzero_product);
   }
   const std::string what = dims_text(dims) + " " + type->name;
+  const std::string where = (src.gzip() ? "decompressed bytes 4.." : "bytes 4..") + std::to_string(header);
   if (overflow || data_bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / 8)
-    return fail((src.gzip() ? "decompressed bytes 4.." : "bytes 4..") + std::to_string(header) +
-                ": dimensions " + what + " need more bytes than any file holds (the header is corrupt)");
+    return fail(where + ": dimensions " + what + " need more bytes than any file holds (the header is corrupt)");
+  if (nonzero_overflow)
+    return fail(where + ": dimensions " + what + ": the array is empty, but its other dimensions multiply to more "
+                "than 2^63 elements, more than a tensor can index (the header is corrupt)");
   // Before allocating: the data must fit in what the file can hold.
   if (data_bytes > src.most_left()) {
     if (!src.gzip())
