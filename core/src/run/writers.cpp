@@ -110,7 +110,7 @@ Status Writers::sequence_records(const Sequence* seqs, size_t n_seqs, const Plac
       const int64_t V = m.stem.vocab_size;
       double ll = 0;
       std::vector<double> lp(static_cast<size_t>(V));
-      auto log_softmax = [&](int64_t t) {
+      auto log_softmax = [&, b = b, start = start](int64_t t) {  // clang 14 cannot capture structured bindings
         const float* z = out.logits.data<float>() + ((b * out.logits.dim(1)) + start + t) * V;
         double mx = -INFINITY, sum = 0;
         for (int64_t v = 0; v < V; ++v) mx = std::max<double>(mx, z[v]);
