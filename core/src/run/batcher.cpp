@@ -203,7 +203,7 @@ EncodedBatch Batcher::encode_batch(int64_t k) {
   const auto [begin, end] = item_range(k);
   const int64_t W = static_cast<int64_t>(encoders_->size());
   std::vector<EncodedBatch> parts(static_cast<size_t>(W));
-  auto work = [&](int64_t w) {
+  auto work = [&, begin = begin, end = end](int64_t w) {  // clang 14: no capture of structured bindings
     for (int64_t i = begin + w; i < end; i += W)
       encode_item(i, (*encoders_)[static_cast<size_t>(w)], &parts[static_cast<size_t>(w)]);
   };
