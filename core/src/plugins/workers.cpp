@@ -47,7 +47,7 @@ void put_string(std::string& out, const std::string& s) { put_bytes(out, s.data(
 
 // Reads what put() wrote, refusing to run past the end (the bytes came from another process).
 struct Reader {
-  const std::string& in;
+  std::string_view in;
   size_t at = 0;
   bool ok = true;
   template <class T>
@@ -134,14 +134,21 @@ Io send_frame(int fd, const std::string& body, const Clock::time_point* deadline
   return h == Io::ok ? write_all(fd, body.data(), body.size(), deadline) : h;
 }
 
-// A frame of at most `cap` bytes (a longer one is an error: the other side is not ours any more).
-Io recv_frame(int fd, std::string* body, uint64_t cap, const Clock::time_point* deadline) {
-  uint64_t n = 0;
-  const Io h = read_all(fd, reinterpret_cast<char*>(&n), sizeof n, deadline);
+// A frame of at most `cap` bytes (a longer one is an error: the other side is not ours any more)
+// into (*buffer)[0, *n). The buffer only grows: reused, it is not cleared again for every item.
+Io recv_frame(int fd, std::string* buffer, uint64_t* n, uint64_t cap, const Clock::time_point* deadline) {
+  const Io h = read_all(fd, reinterpret_cast<char*>(n), sizeof *n, deadline);
   if (h != Io::ok) return h;
-  if (n > cap) return Io::too_big;
-  body->resize(n);
-  return read_all(fd, body->data(), n, deadline);
+  if (*n > cap) return Io::too_big;
+  if (buffer->size() < *n) buffer->resize(*n);
+  return read_all(fd, buffer->data(), *n, deadline);
+}
+
+// Bigger socket buffers than the default ~200 KB: an image's rows and picture are ~1.5 MB.
+void widen(int fd) {
+  const int bytes = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
 
 // ---- The child ---------------------------------------------------------------------------------
@@ -194,12 +201,13 @@ double cpu_seconds() {
   // Ready: from here on a signal sent to the process group finds the handlers above in place.
   const char ready = 'R';
   if (write_all(fd, &ready, 1, nullptr) != Io::ok) _exit(0);
-  std::string request, storage;
+  std::string request, storage, response;
+  uint64_t request_size = 0;
   for (;;) {
     // The parent never sends more than max_item_bytes of data plus the item's names.
     const uint64_t cap = limits.max_item_bytes > 0 ? static_cast<uint64_t>(limits.max_item_bytes) + (uint64_t{1} << 24)
                                                    : UINT64_MAX;
-    const Io got = recv_frame(fd, &request, cap, nullptr);
+    const Io got = recv_frame(fd, &request, &request_size, cap, nullptr);
     if (got != Io::ok) _exit(got == Io::eof ? 0 : 2);  // the parent closed the socket, or died
     if (limits.item_timeout_s > 0) {
       // A backstop for an orphan: should the parent die while the plugin spins, the CPU limit
@@ -213,17 +221,15 @@ double cpu_seconds() {
         setrlimit(RLIMIT_CPU, &r);
       }
     }
-    std::string response;
     try {
       PluginItem item;
-      if (!unpack_item(request, &item, &storage)) _exit(3);
-      request.clear();
-      request.shrink_to_fit();
-      response = pack_result(encode(item));
+      if (!unpack_item(std::string_view(request.data(), request_size), &item, &storage)) _exit(3);
+      if (request.size() > (uint64_t{64} << 20)) std::string().swap(request);  // keep no huge item's copy
+      pack_result(encode(item), &response);
     } catch (const std::bad_alloc&) {
-      response = pack_result(Status::Internal("out of memory while encoding"));
+      pack_result(Status::Internal("out of memory while encoding"), &response);
     } catch (...) {
-      response = pack_result(Status::Internal("the plugin threw a C++ exception out of encode() (a bug in the plugin)"));
+      pack_result(Status::Internal("the plugin threw a C++ exception out of encode() (a bug in the plugin)"), &response);
     }
     if (send_frame(fd, response, nullptr) != Io::ok) _exit(0);
   }
@@ -244,7 +250,7 @@ std::string pack_item(const PluginItem& item) {
   return out;
 }
 
-bool unpack_item(const std::string& bytes, PluginItem* item, std::string* storage) {
+bool unpack_item(std::string_view bytes, PluginItem* item, std::string* storage) {
   Reader r{bytes};
   item->id = r.string();
   item->source = r.string();
@@ -260,13 +266,26 @@ bool unpack_item(const std::string& bytes, PluginItem* item, std::string* storag
 
 std::string pack_result(const Result<std::vector<TokenRows>>& result) {
   std::string out;
+  pack_result(result, &out);
+  return out;
+}
+
+void pack_result(const Result<std::vector<TokenRows>>& result, std::string* buffer) {
+  std::string& out = *buffer;
+  out.clear();  // keeps its capacity: one allocation for the first item, none after
   if (!result.ok()) {
     put<int32_t>(out, static_cast<int32_t>(result.status().code()));
     put_string(out, result.status().message());
-    return out;
+    return;
   }
-  put<int32_t>(out, 0);
   const std::vector<TokenRows>& seqs = result.value();
+  size_t bytes = 16;
+  for (const TokenRows& t : seqs)
+    bytes += 160 + t.ids.size() * sizeof(int32_t) + (t.features.defined() ? t.features.nbytes() : 0) +
+             t.positions.size() * sizeof t.positions[0] + t.roles.size() + t.provenance.size() * sizeof(tsr_provenance) +
+             t.picture.pixels.size() + t.label.size();
+  out.reserve(bytes);
+  put<int32_t>(out, 0);
   put<uint64_t>(out, seqs.size());
   for (const TokenRows& t : seqs) {
     const uint64_t n = static_cast<uint64_t>(t.size());
@@ -295,10 +314,9 @@ std::string pack_result(const Result<std::vector<TokenRows>>& result) {
     put_bytes(out, p.pixels.data(), p.pixels.size());
     put_string(out, t.label);
   }
-  return out;
 }
 
-Result<std::vector<TokenRows>> unpack_result(const std::string& bytes) {
+Result<std::vector<TokenRows>> unpack_result(std::string_view bytes) {
   const Status garbled = Status::Internal("the worker's answer is garbled (a bug in the plugin or in Tessera)");
   Reader r{bytes};
   const int32_t code = r.get<int32_t>();
@@ -402,6 +420,8 @@ Status Worker::spawn() {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     return Status::IoError(who_ + ": cannot make a socket for a worker process: " + std::strerror(errno));
+  widen(sv[0]);
+  widen(sv[1]);
   std::lock_guard<std::mutex> lock(g_fds_mutex);  // held across fork: the child's copy of the set is whole
   std::set<int>& others = parent_fds();
   const pid_t pid = fork();
@@ -467,9 +487,13 @@ Result<std::vector<TokenRows>> Worker::encode(const PluginItem& item) {
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timed ? limits_.item_timeout_s : 0));
   const Clock::time_point* dl = timed ? &deadline : nullptr;
   Io io = send_frame(fd_, pack_item(item), dl);
-  std::string answer;
-  if (io == Io::ok) io = recv_frame(fd_, &answer, static_cast<uint64_t>(max_response_bytes_), dl);
-  if (io == Io::ok) return unpack_result(answer);
+  uint64_t n = 0;
+  if (io == Io::ok) io = recv_frame(fd_, &answer_, &n, static_cast<uint64_t>(max_response_bytes_), dl);
+  if (io == Io::ok) {
+    Result<std::vector<TokenRows>> r = unpack_result(std::string_view(answer_.data(), n));
+    if (answer_.size() > (uint64_t{64} << 20)) std::string().swap(answer_);  // keep no huge answer's buffer
+    return r;
+  }
   const std::string replaced = "; a new worker takes the next item";
   if (io == Io::timeout) {
     stop();

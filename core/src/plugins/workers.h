@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/plugins.h"
@@ -57,14 +58,16 @@ class Worker {
   pid_t pid_ = 0;
   int fd_ = -1;
   int64_t started_ = 0;
+  std::string answer_;  // the last answer's bytes, reused
 };
 
 // The wire format, exposed for tests. A request: the item's fields and bytes. A response: a
 // tessera::Code and a message, or the sequences with every field of TokenRows.
 std::string pack_item(const PluginItem& item);
-bool unpack_item(const std::string& bytes, PluginItem* item, std::string* storage);
+bool unpack_item(std::string_view bytes, PluginItem* item, std::string* storage);
 std::string pack_result(const Result<std::vector<TokenRows>>& r);
-Result<std::vector<TokenRows>> unpack_result(const std::string& bytes);
+void pack_result(const Result<std::vector<TokenRows>>& r, std::string* buffer);  // reuses buffer's memory
+Result<std::vector<TokenRows>> unpack_result(std::string_view bytes);
 
 // "SIGSEGV (segmentation fault)".
 std::string signal_description(int sig);
