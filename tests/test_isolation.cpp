@@ -254,6 +254,18 @@ TEST(Isolation, CtrlCIsTheParentsToHandleNotTheWorkers) {
   EXPECT_EQ(pool.worker_pid(), pid);
 }
 
+TEST(Isolation, AWorkerKilledBetweenItemsIsReplacedWithoutBlamingTheNextItem) {
+  Encoder pool = isolated(hostile(), limits());
+  const pid_t pid = static_cast<pid_t>(pool.worker_pid());
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);  // as the kernel's out-of-memory killer would
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT), 0);  // dead, left for the pool to reap
+  auto r = pool.encode(item("items.txt:2", "innocent"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(pool.workers_started(), 2);
+  EXPECT_NE(pool.worker_pid(), pid);
+}
+
 TEST(Isolation, TheWorkerEndsWithItsEncoder) {
   pid_t pid = 0;
   {

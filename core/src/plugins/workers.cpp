@@ -481,6 +481,10 @@ void Worker::stop() {
 }
 
 Result<std::vector<TokenRows>> Worker::encode(const PluginItem& item) {
+  // A worker that died between items (the out-of-memory killer, a stray kill) is replaced before
+  // this item is sent, so that an innocent item is not blamed for it.
+  int idle_status = 0;
+  if (pid_ > 0 && waitpid(pid_, &idle_status, WNOHANG) == pid_) reap(true);
   TSR_RETURN_IF_ERROR(start().with_prefix(item.id));
   const bool timed = limits_.item_timeout_s > 0;
   const Clock::time_point deadline =
