@@ -22,7 +22,9 @@
 #include <thread>
 
 #include "plugins/workers.h"
+#include "tessera/config.h"
 #include "tessera/plugins.h"
+#include "tessera/run.h"
 
 using namespace tessera;
 namespace fs = std::filesystem;
@@ -245,6 +247,19 @@ TEST(Isolation, UnboundedAllocationEndsAtTheWorkersMemoryLimit) {
   ASSERT_TRUE(next.ok()) << next.status().message();
 }
 
+TEST(Isolation, RunningOutOfTheWorkersMemoryIsNamedWithItsLimit) {
+  Encoder pool = isolated(hostile(), limits(20, 256));
+  auto r = pool.encode(item("items.txt:5", "OOM"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "items.txt:5: plugin hostile (" + kTestPlugins +
+                                      "/libtessera_hostile.so) ran out of memory encoding it (a worker may map "
+                                      "runtime.worker_memory_mb = 256 MiB more than it started with: raise it, or make "
+                                      "such items smaller)");
+  EXPECT_EQ(pool.workers_started(), 1);  // the plugin survived it
+  auto next = pool.encode(item("items.txt:6", "fine"));
+  ASSERT_TRUE(next.ok()) << next.status().message();
+}
+
 TEST(Isolation, CtrlCIsTheParentsToHandleNotTheWorkers) {
   Encoder pool = isolated(hostile(), limits());
   const pid_t pid = static_cast<pid_t>(pool.worker_pid());
@@ -390,8 +405,8 @@ TEST(IsolationWire, RoundTripsEveryFieldAndRefusesEveryTruncation) {
   in.source_offset = 99;
   in.source_line = 3;
   PluginItem out;
-  std::string storage;
-  ASSERT_TRUE(plugin_workers::unpack_item(plugin_workers::pack_item(in), &out, &storage));
+  const std::string packed = plugin_workers::pack_item(in);
+  ASSERT_TRUE(plugin_workers::unpack_item(packed, &out));
   EXPECT_EQ(out.id, in.id);
   EXPECT_EQ(out.source, in.source);
   EXPECT_EQ(out.data, in.data);

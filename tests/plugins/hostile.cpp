@@ -2,7 +2,8 @@
 // guard would catch its exceptions): it encodes text as byte ids (+1) unless the item says
 //   SEGV   dereference a null pointer           ABORT  call abort()
 //   LOOP   spin forever                         THROW  throw a C++ exception out of encode()
-//   ALLOC  allocate and touch memory without bound
+//   ALLOC  allocate and touch memory without bound (and write through the null malloc returns)
+//   OOM    allocate until malloc fails, then report "out of memory" as plugin.hpp does
 //   ROWS   return one sequence of 1,000,000 rows (for the host's row limit)
 // so that the host's isolation of plugins can be tested. Item text containing none of these
 // encodes normally.
@@ -57,6 +58,17 @@ int32_t encode(void*, const tsr_item* item, tsr_encoding** out, tsr_error* error
       std::memset(p, 1, 16 << 20);
       blocks.push_back(p);
     }
+  }
+  if (text.find("OOM") != std::string_view::npos) {  // what plugin.hpp reports for a std::bad_alloc
+    std::vector<void*> blocks;
+    for (void* p; (p = std::malloc(16 << 20)) != nullptr;) {
+      std::memset(p, 1, 16 << 20);
+      blocks.push_back(p);
+    }
+    for (void* p : blocks) std::free(p);
+    std::strncpy(error->message, "out of memory", TSR_MESSAGE_CAPACITY - 1);
+    error->code = TSR_INTERNAL;
+    return TSR_INTERNAL;
   }
   if (text.empty()) {
     std::strncpy(error->message, "hostile: an empty item", TSR_MESSAGE_CAPACITY - 1);

@@ -343,7 +343,17 @@ Result<std::vector<TokenRows>> encode_here(const Encoder::State& state, const Pl
   } catch (...) {
     return Status::Internal(item.id + ": " + who + " threw a C++ exception out of encode() (a bug in the plugin)");
   }
-  if (rc != TSR_OK) return Status(code_of(rc), err.message);
+  if (rc != TSR_OK) {
+    // plugin.hpp's words for a std::bad_alloc: say whose, and in a worker, which limit it met.
+    if (std::strcmp(err.message, "out of memory") == 0)
+      return Status(code_of(rc), item.id + ": " + who + " ran out of memory encoding it" +
+                                     (state.worker && state.limits.worker_memory_mb > 0
+                                          ? " (a worker may map runtime.worker_memory_mb = " +
+                                                std::to_string(state.limits.worker_memory_mb) +
+                                                " MiB more than it started with: raise it, or make such items smaller)"
+                                          : ""));
+    return Status(code_of(rc), err.message);
+  }
   std::vector<TokenRows> out;
   Status problem;
   if (!enc || enc->size < sizeof(tsr_encoding) || enc->n_sequences == 0 || !enc->sequences) {

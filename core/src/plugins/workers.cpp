@@ -201,7 +201,7 @@ double cpu_seconds() {
   // Ready: from here on a signal sent to the process group finds the handlers above in place.
   const char ready = 'R';
   if (write_all(fd, &ready, 1, nullptr) != Io::ok) _exit(0);
-  std::string request, storage, response;
+  std::string request, response;
   uint64_t request_size = 0;
   for (;;) {
     // The parent never sends more than max_item_bytes of data plus the item's names.
@@ -223,9 +223,9 @@ double cpu_seconds() {
     }
     try {
       PluginItem item;
-      if (!unpack_item(std::string_view(request.data(), request_size), &item, &storage)) _exit(3);
-      if (request.size() > (uint64_t{64} << 20)) std::string().swap(request);  // keep no huge item's copy
+      if (!unpack_item(std::string_view(request.data(), request_size), &item)) _exit(3);  // item.data views request
       pack_result(encode(item), &response);
+      if (request.size() > (uint64_t{64} << 20)) std::string().swap(request);  // keep no huge item's copy
     } catch (const std::bad_alloc&) {
       pack_result(Status::Internal("out of memory while encoding"), &response);
     } catch (...) {
@@ -250,7 +250,7 @@ std::string pack_item(const PluginItem& item) {
   return out;
 }
 
-bool unpack_item(std::string_view bytes, PluginItem* item, std::string* storage) {
+bool unpack_item(std::string_view bytes, PluginItem* item) {
   Reader r{bytes};
   item->id = r.string();
   item->source = r.string();
@@ -259,8 +259,7 @@ bool unpack_item(std::string_view bytes, PluginItem* item, std::string* storage)
   const uint64_t n = r.get<uint64_t>();
   const char* p = r.span(n, 1);
   if (!r.ok) return false;
-  storage->assign(p, n);
-  item->data = *storage;
+  item->data = std::string_view(p, n);
   return true;
 }
 

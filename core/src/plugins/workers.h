@@ -64,7 +64,7 @@ class Worker {
 // The wire format, exposed for tests. A request: the item's fields and bytes. A response: a
 // tessera::Code and a message, or the sequences with every field of TokenRows.
 std::string pack_item(const PluginItem& item);
-bool unpack_item(std::string_view bytes, PluginItem* item, std::string* storage);
+bool unpack_item(std::string_view bytes, PluginItem* item);  // item->data views bytes
 std::string pack_result(const Result<std::vector<TokenRows>>& r);
 void pack_result(const Result<std::vector<TokenRows>>& r, std::string* buffer);  // reuses buffer's memory
 Result<std::vector<TokenRows>> unpack_result(std::string_view bytes);
