@@ -281,6 +281,14 @@ TEST(Isolation, AWorkerKilledBetweenItemsIsReplacedWithoutBlamingTheNextItem) {
   EXPECT_NE(pool.worker_pid(), pid);
 }
 
+TEST(Isolation, AnOutOfRangeTimeLimitIsNoLimit) {
+  for (double t : {1e300, -1.0, std::nan("")}) {
+    Encoder pool = isolated(hostile(), limits(t));
+    auto r = pool.encode(item("items.txt:1", "fine"));
+    ASSERT_TRUE(r.ok()) << t << ": " << r.status().message();
+  }
+}
+
 TEST(Isolation, TheWorkerEndsWithItsEncoder) {
   pid_t pid = 0;
   {

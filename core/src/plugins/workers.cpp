@@ -405,7 +405,11 @@ std::string signal_description(int sig) {
 // ---- Worker -------------------------------------------------------------------------------------
 
 Worker::Worker(EncodeFn encode, ItemLimits limits, std::string who, int64_t max_response_bytes)
-    : encode_(std::move(encode)), limits_(limits), who_(std::move(who)), max_response_bytes_(max_response_bytes) {}
+    : encode_(std::move(encode)), limits_(limits), who_(std::move(who)), max_response_bytes_(max_response_bytes) {
+  // A limit beyond 10^7 s (four months), NaN or negative is no limit: the deadline's arithmetic
+  // stays in range.
+  if (!(limits_.item_timeout_s > 0) || limits_.item_timeout_s > 1e7) limits_.item_timeout_s = 0;
+}
 
 Worker::~Worker() { stop(); }
 
