@@ -237,6 +237,9 @@ TEST(Isolation, AnEndlessLoopIsStoppedAtTheTimeLimitAndTheNextItemEncodes) {
 }
 
 TEST(Isolation, UnboundedAllocationEndsAtTheWorkersMemoryLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory and an address-space limit do not mix";
+#endif
   Encoder pool = isolated(hostile(), limits(20, 256));
   auto r = pool.encode(item("items.txt:3", "ALLOC"));
   ASSERT_FALSE(r.ok());
@@ -248,6 +251,9 @@ TEST(Isolation, UnboundedAllocationEndsAtTheWorkersMemoryLimit) {
 }
 
 TEST(Isolation, RunningOutOfTheWorkersMemoryIsNamedWithItsLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory and an address-space limit do not mix";
+#endif
   Encoder pool = isolated(hostile(), limits(20, 256));
   auto r = pool.encode(item("items.txt:5", "OOM"));
   ASSERT_FALSE(r.ok());
