@@ -147,15 +147,17 @@ class Encoder {
   int32_t mask_id() const;
   Status augment(const TokenRows& rows, uint64_t seed, float* features) const;
 
-  // Limits on every item this encoder (and its copies) encodes from now on. Checked before the
-  // plugin is called (bytes) and before its rows are copied (rows); a refusal names the item, the
-  // size and the option.
+  // Limits on every item this encoder (and its copies) encodes from now on; a new encoder has the
+  // defaults above. Checked before the plugin is called (bytes) and before its rows are copied
+  // (rows); a refusal names the item, the size and the option. An exception a plugin lets out of
+  // encode() is caught in any case and makes the item bad.
   void limit(const ItemLimits& limits);
   // From now on encode() runs in a worker process (see core/src/plugins/workers.h) under `limits`:
-  // a worker that dies (a signal, abort(), an exception the plugin lets escape) or runs past
-  // item_timeout_s makes that one item bad, with the signal or the limit as its reason, and is
-  // replaced for the next item. Call it before the process starts threads (the runner: before the
-  // model is built). decode() and augment() stay in this process. Fails only when fork() does.
+  // a worker that dies (a signal, abort()) or runs past item_timeout_s makes that one item bad,
+  // with the signal or the limit as its reason, and is replaced for the next item. Call it before
+  // the process starts threads (the runner: before the model is built). Copies of this encoder
+  // share its worker (one thread at a time, as ever). decode() and augment() stay in this
+  // process. Fails only when fork() does.
   Status isolate(const ItemLimits& limits);
   bool isolated() const;
   const ItemLimits& limits() const;
