@@ -295,6 +295,23 @@ TEST(Isolation, AnOutOfRangeTimeLimitIsNoLimit) {
   }
 }
 
+TEST(Isolation, AWorkerForkedFromAThreadThatRanOpenMPCanRunOpenMP) {
+  // The model's thread has an OpenMP pool whose threads a plain fork() of it would not have: a
+  // worker forked there hung in the plugin's first parallel region. Workers are forked from a
+  // fresh thread.
+  int threads = 0;
+#pragma omp parallel num_threads(2) reduction(+ : threads)
+  threads += 1;
+  ASSERT_EQ(threads, 2);
+  Encoder pool = isolated(hostile(), limits(5));
+  auto r = pool.encode(item("items.txt:1", "OMP here"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  auto crash = pool.encode(item("items.txt:2", "SEGV"));  // the replacement, forked from this thread too
+  ASSERT_FALSE(crash.ok());
+  auto again = pool.encode(item("items.txt:3", "OMP again"));
+  ASSERT_TRUE(again.ok()) << again.status().message();
+}
+
 TEST(Isolation, TheWorkerEndsWithItsEncoder) {
   pid_t pid = 0;
   {

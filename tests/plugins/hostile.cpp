@@ -4,6 +4,7 @@
 //   LOOP   spin forever                         THROW  throw a C++ exception out of encode()
 //   ALLOC  allocate and touch memory without bound (and write through the null malloc returns)
 //   OOM    allocate until malloc fails, then report "out of memory" as plugin.hpp does
+//   OMP    run an OpenMP parallel region of 2 threads first
 //   ROWS   return one sequence of 1,000,000 rows (for the host's row limit)
 // so that the host's isolation of plugins can be tested. Item text containing none of these
 // encodes normally.
@@ -69,6 +70,13 @@ int32_t encode(void*, const tsr_item* item, tsr_encoding** out, tsr_error* error
     std::strncpy(error->message, "out of memory", TSR_MESSAGE_CAPACITY - 1);
     error->code = TSR_INTERNAL;
     return TSR_INTERNAL;
+  }
+  if (text.find("OMP") != std::string_view::npos && text.find("OOM") == std::string_view::npos) {
+    // An OpenMP parallel region, as a codec built with OpenMP runs one (its rows are as usual).
+    int threads = 0;
+#pragma omp parallel num_threads(2) reduction(+ : threads)
+    threads += 1;
+    if (threads != 2) *g_null = 3;
   }
   if (text.empty()) {
     std::strncpy(error->message, "hostile: an empty item", TSR_MESSAGE_CAPACITY - 1);

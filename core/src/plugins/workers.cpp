@@ -19,6 +19,8 @@
 #include <mutex>
 #include <new>
 #include <set>
+#include <system_error>
+#include <thread>
 
 namespace tessera::plugin_workers {
 
@@ -427,19 +429,32 @@ Status Worker::spawn() {
   widen(sv[1]);
   std::lock_guard<std::mutex> lock(g_fds_mutex);  // held across fork: the child's copy of the set is whole
   std::set<int>& others = parent_fds();
-  const pid_t pid = fork();
+  // fork() from a fresh thread: the child's one thread then has no thread-local state of the
+  // caller's. The caller may be the model's thread, whose OpenMP pool (thread-local in libgomp)
+  // names threads the child does not have: forked from it, a plugin's first parallel region hung.
+  pid_t pid = -1;
+  int e = 0;
+  try {
+    std::thread forker([&] {
+      pid = fork();
+      e = errno;
+      if (pid == 0) {
+        // The child: only its own end of its own socket stays open of the workers' sockets.
+        for (int fd : others) close(fd);
+        close(sv[0]);
+        serve(sv[1], encode_, limits_);  // never returns
+      }
+    });
+    forker.join();
+  } catch (const std::system_error& x) {  // no thread to fork from
+    pid = -1;
+    e = x.code().value();
+  }
   if (pid < 0) {
-    const int e = errno;
     close(sv[0]);
     close(sv[1]);
     return Status::IoError(who_ + ": cannot start a worker process (fork: " + std::strerror(e) +
                            "); set runtime.isolation: none to encode in the run's own process");
-  }
-  if (pid == 0) {
-    // The child: only its own end of its own socket stays open of the workers' sockets.
-    for (int fd : others) close(fd);
-    close(sv[0]);
-    serve(sv[1], encode_, limits_);
   }
   close(sv[1]);
   pid_ = pid;

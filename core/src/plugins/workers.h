@@ -12,9 +12,11 @@
 //
 // Threads: the first worker is forked by Encoder::isolate(), which the runner calls before the
 // model exists, so no oneDNN/OpenMP thread is alive yet. A replacement may be forked while other
-// threads run; the child then touches only the plugin, malloc (fork-safe in glibc) and its socket,
-// and ends with _exit(), so no lock another parent thread held at fork time is ever needed; and
-// were one needed, the item's time limit would end the wait.
+// threads run. Every fork happens on a fresh, short-lived thread, so the child's one thread has
+// no thread-local state of the caller's (libgomp keeps a thread's OpenMP pool there: a child of
+// the model's thread hung in the plugin's first parallel region). The child touches only the
+// plugin, malloc (fork-safe in glibc) and its socket, and ends with _exit(); were a lock that
+// another parent thread held at fork time ever needed, the item's time limit ends the wait.
 #pragma once
 
 #include <sys/types.h>
