@@ -527,11 +527,12 @@ Result<std::vector<TokenRows>> Worker::encode(const PluginItem& item) {
                               " (raise runtime.item_timeout_s if such items are expected to be slow)");
   }
   if (io == Io::too_big) {
-    // More than the row limit allows: the worker's memory is not what it should be.
+    // The worker checked the row limit already: only a picture over 1 GiB, or a worker whose
+    // memory is not what it should be, gets here.
     stop();
-    return Status::Internal(item.id + ": " + who_ + "'s worker process sent an answer larger than " +
-                            std::to_string(max_response_bytes_) + " bytes, more than runtime.max_item_rows allows; it was stopped" +
-                            replaced);
+    return Status::OutOfRange(item.id + ": " + who_ + "'s answer is larger than " + std::to_string(max_response_bytes_) +
+                              " bytes (runtime.max_item_rows rows and 1 GiB of pictures and labels); its worker was stopped" +
+                              replaced);
   }
   // The worker closed its socket: it died. waitpid says how.
   kill(pid_, SIGKILL);  // in case it only closed the socket
