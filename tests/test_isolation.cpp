@@ -445,6 +445,54 @@ TEST(IsolationWire, RoundTripsEveryFieldAndRefusesEveryTruncation) {
   EXPECT_EQ(out.source_line, 3u);
 }
 
+// ---- A batch run -----------------------------------------------------------------------------------
+
+TEST(IsolationRun, HostileItemsAreRecordedAsBadItemsAndTheRunFinishes) {
+  // Before the runner isolated its plugins, the SEGV line killed `tessera run` (and every --resume
+  // replayed it). The run goes in a child, so that this test survives to report that.
+  const std::string dir = ::testing::TempDir() + "tessera_isolation_run_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir + "/lines.txt") << "one\ntwo\nSEGV here\nfour\nABORT now\nsix\nTHROW it\neight\n";
+  const std::string yaml = "plugins:\n  - name: hostile\n    path: " + kTestPlugins +
+                           "\nmodel:\n  d_model: 16\n  n_heads: 2\n  n_layers: 1\n  stem: {kind: tokens, vocab_size: 300}\n"
+                           "  positions: {kind: learned, max_len: 64}\n  head: {kind: pool, pool: mean}\n"
+                           "data:\n  path: " + dir + "/lines.txt\nruntime:\n  batch_size: 3\n";
+  Diagnostics d;
+  std::optional<Experiment> e = load_experiment_from_string(yaml, "exp.yaml", dir, {}, &d);
+  ASSERT_TRUE(e) << d.str();
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    RunOptions o;
+    o.out_dir = dir + "/run";
+    o.progress = false;
+    Result<RunSummary> r = run_experiment(*e, o);
+    const std::string m = r.ok() ? "items " + std::to_string(r->items) + " failed " + std::to_string(r->failed) +
+                                       " sequences " + std::to_string(r->sequences)
+                                 : "error: " + r.status().message();
+    if (::write(fds[1], m.data(), m.size()) < 0) ::_exit(2);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the run died: "
+                                 << (WIFSIGNALED(status) ? plugin_workers::signal_description(WTERMSIG(status)) : "?");
+  EXPECT_EQ(got, "items 8 failed 3 sequences 5");
+  const std::string errors = read_file(dir + "/run/errors.jsonl");
+  EXPECT_TRUE(contains(errors, "worker process was killed by SIGSEGV")) << errors;
+  EXPECT_TRUE(contains(errors, "worker process was killed by SIGABRT")) << errors;
+  EXPECT_TRUE(contains(errors, "threw a C++ exception out of encode()")) << errors;
+  fs::remove_all(dir);
+}
+
 // ---- A developer measurement (not run by ctest) ---------------------------------------------------
 // In-process against worker encoding of a folder of JPEGs (tools/reference/make_jpeg_set.py makes the
 // 1,000 of docs/PERFORMANCE.md):
