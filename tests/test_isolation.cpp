@@ -463,8 +463,12 @@ TEST(IsolationRun, HostileItemsAreRecordedAsBadItemsAndTheRunFinishes) {
   ASSERT_TRUE(e) << d.str();
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
+  // Forked from a fresh thread: this thread ran OpenMP (an earlier test), and a child of it would
+  // hang in the model's first parallel region.
+  pid_t pid = -1;
+  std::thread([&] {
+    pid = ::fork();
+    if (pid != 0) return;
     ::close(fds[0]);
     RunOptions o;
     o.out_dir = dir + "/run";
@@ -475,7 +479,7 @@ TEST(IsolationRun, HostileItemsAreRecordedAsBadItemsAndTheRunFinishes) {
                                  : "error: " + r.status().message();
     if (::write(fds[1], m.data(), m.size()) < 0) ::_exit(2);
     ::_exit(0);
-  }
+  }).join();
   ::close(fds[1]);
   std::string got;
   char buf[4096];
