@@ -4,8 +4,12 @@
 // roles, positions and provenance, the length policies (error, truncate, windows), decode, every
 // bad input and bad option as its exact message.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -37,7 +41,8 @@ std::shared_ptr<const Plugin> plugin() {
 // Every option, as the config loader passes them: the defaults with `changes` applied.
 std::vector<std::pair<std::string, std::string>> options(const OptionMap& changes) {
   OptionMap all = {{"tokenizer", "esm"},    {"max_length", "1024"}, {"length_policy", "error"},
-                   {"stride", "0"},         {"uppercase", "false"}, {"unknown", "unk"}};
+                   {"stride", "0"},         {"uppercase", "false"}, {"unknown", "unk"},
+                   {"max_windows", "2048"}};
   for (const auto& [k, v] : changes) all[k] = v;
   return {all.begin(), all.end()};
 }
@@ -147,14 +152,15 @@ TEST(ProteinPlugin, DescribesItselfAndItsOptions) {
   std::vector<std::string> names, defaults;
   for (const auto& o : p->options())
     names.push_back(o.name), defaults.push_back(o.default_value.value_or("?"));
-  EXPECT_EQ(names, (std::vector<std::string>{"tokenizer", "max_length", "length_policy", "stride", "uppercase",
-                                             "unknown"}));
-  EXPECT_EQ(defaults, (std::vector<std::string>{"esm", "1024", "error", "0", "false", "unk"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"tokenizer", "max_length", "length_policy", "stride", "max_windows",
+                                             "uppercase", "unknown"}));
+  EXPECT_EQ(defaults, (std::vector<std::string>{"esm", "1024", "error", "0", "2048", "false", "unk"}));
   EXPECT_EQ(p->options()[0].choices, (std::vector<std::string>{"esm", "residues"}));
   EXPECT_EQ(p->options()[1].type, TSR_OPT_INT);
   EXPECT_EQ(p->options()[2].choices, (std::vector<std::string>{"error", "truncate", "windows"}));
-  EXPECT_EQ(p->options()[4].type, TSR_OPT_BOOL);
-  EXPECT_EQ(p->options()[5].choices, (std::vector<std::string>{"unk", "error"}));
+  EXPECT_EQ(p->options()[4].type, TSR_OPT_INT);
+  EXPECT_EQ(p->options()[5].type, TSR_OPT_BOOL);
+  EXPECT_EQ(p->options()[6].choices, (std::vector<std::string>{"unk", "error"}));
   const Encoder e = encoder({{"max_length", "300"}});
   EXPECT_EQ(e.info().rows_kind, TSR_ROWS_IDS);
   EXPECT_EQ(e.info().vocab_size, 33);
@@ -502,7 +508,8 @@ TEST(ProteinWindows, CoverEveryResidueWithAbsoluteIndicesAndTheConfiguredOverlap
       const Encoder e = encoder({{"tokenizer", long_records % 2 ? "esm" : "residues"},
                                  {"length_policy", "windows"},
                                  {"max_length", std::to_string(c.max_length)},
-                                 {"stride", std::to_string(c.stride)}});
+                                 {"stride", std::to_string(c.stride)},
+                                 {"max_windows", "0"}});  // stride 1 makes thousands
       auto windows = e.encode(item_of(items[k], "s"));
       ASSERT_TRUE(windows.ok()) << windows.status().message();
       check_windows(*windows, ids, c.max_length, c.effective_stride);
@@ -758,4 +765,76 @@ TEST(ProteinDecode, DropsFramingKeepsResiduePlacesAndRefusesForeignIds) {
                                           std::to_string(id) +
                                           " at position 2 is outside the ESM-2 vocabulary [0, 33)");
   }
+}
+
+// ---- Item size limit ----------------------------------------------------------------------------
+
+TEST(ProteinLimits, MaxWindowsRefusesAnItemThatWouldMakeMoreNamingItAndTheLimit) {
+  // 10 residues in windows of 4 every 2: 4 windows.
+  const std::string text = "ACDEFGHIKL";
+  const OptionMap o = {{"length_policy", "windows"}, {"max_length", "6"}, {"stride", "2"}};
+  auto four = encoder(with(o, {{"max_windows", "4"}})).encode(text_item("s.txt:3", "s.txt", text, 3));
+  ASSERT_TRUE(four.ok()) << four.status().message();
+  EXPECT_EQ(four->size(), 4u);
+  auto three = encoder(with(o, {{"max_windows", "3"}})).encode(text_item("s.txt:3", "s.txt", text, 3));
+  ASSERT_FALSE(three.ok());
+  EXPECT_EQ(three.status().code(), Code::out_of_range);
+  EXPECT_EQ(three.status().message(),
+            "s.txt:3:1: s.txt:3: 10 tokens make 4 windows of 4 every 2, more than max_windows 3 (the limit on windows "
+            "per item): raise max_windows (0: no limit), a longer stride, or length_policy: truncate");
+  auto unlimited = encoder(with(o, {{"max_windows", "0"}})).encode(text_item("s.txt:3", "s.txt", text, 3));
+  ASSERT_TRUE(unlimited.ok()) << unlimited.status().message();
+  auto bad = Encoder::create(plugin(), options({{"max_windows", "-1"}}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("option max_windows: max_windows -1 is negative"), std::string::npos)
+      << bad.status().message();
+}
+
+TEST(ProteinLimits, ASixMillionResidueProteinIsRefusedQuicklyWithoutAllocatingGigabytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory and an address-space limit do not mix";
+#endif
+  // Before the limit it became ~11,700 windows: 0.6 GB of rows in the plugin, as much again in the
+  // host, 6.7 GB in its batch. In a child whose address space may grow by 512 MiB only, the
+  // default max_windows refuses it before any window is made.
+  const Encoder e = encoder({{"length_policy", "windows"}});
+  std::string fasta = ">big a very long protein\n";
+  const std::string letters = "ACDEFGHIKLMNPQRSTVWY";
+  for (size_t i = 0; i < 6000000; ++i) {
+    fasta += letters[i % letters.size()];
+    if (i % 60 == 59) fasta += '\n';
+  }
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    unsigned long long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    rlimit r{};
+    r.rlim_cur = r.rlim_max = pages * static_cast<unsigned long long>(::sysconf(_SC_PAGESIZE)) + (512ull << 20);
+    ::setrlimit(RLIMIT_AS, &r);
+    auto out = e.encode(text_item("big.fasta#1", "big.fasta", fasta, 1));
+    const std::string m = out.ok() ? "ok: " + std::to_string(out->size()) + " windows" : out.status().message();
+    if (::write(fds[1], m.data(), m.size()) < 0) ::_exit(2);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  EXPECT_EQ(got,
+            "big.fasta:1:1: big.fasta#1 (record big): 6000000 tokens make 11741 windows of 1022 every 511, more than "
+            "max_windows 2048 (the limit on windows per item): raise max_windows (0: no limit), a longer stride, or "
+            "length_policy: truncate");
+  EXPECT_LT(took, 10.0);
 }

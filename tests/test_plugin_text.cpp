@@ -4,6 +4,8 @@
 // and one test per bad item and bad option with its message. It also compiles the plugin's Unicode
 // files in, to check their view of every code point against the reference's. Never runs Python.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -205,7 +207,8 @@ TEST(TextPlugin, DescribesItselfAndItsOptions) {
     names.push_back(o.name + "=" + o.default_value.value_or("(required)"));
   EXPECT_EQ(names, (std::vector<std::string>{"tokenizer=bytes", "vocab=", "merges=", "lowercase=auto",
                                              "strip_accents=auto", "add_special=auto", "max_length=0",
-                                             "length_policy=error", "skip_special_tokens=false"}));
+                                             "length_policy=error", "skip_special_tokens=false",
+                                             "max_bytes=4194304"}));
   EXPECT_EQ(plugin()->options()[0].choices, (std::vector<std::string>{"bytes", "chars", "bpe", "wordpiece"}));
   EXPECT_EQ(plugin()->options()[1].type, TSR_OPT_PATH);
   EXPECT_EQ(plugin()->options()[6].type, TSR_OPT_INT);
@@ -846,4 +849,58 @@ TEST(TextBadOption, BpeVocabularyAndMergesFiles) {
             ":2:1: invalid UTF-8: the 3-byte character starting with 0xE9 is cut short: byte 0x20 is not a "
             "continuation byte (save the file as UTF-8)");
   EXPECT_EQ(merges_error("none.bpe", "#version: 0.2\n"), ": no merges in the file");
+}
+
+// ---- Item size limit --------------------------------------------------------------------------------
+
+TEST(TextLimits, MaxBytesRefusesALongerItemNamingItAndTheLimit) {
+  const Encoder e = encoder("bytes", {{"max_bytes", "1000"}});
+  EXPECT_EQ(encode_one(e, std::string(1000, 'a')).size(), 1000);
+  EXPECT_EQ(encode_error(e, item(std::string(1001, 'a'), "lines.txt:12")),
+            "lines.txt:12: 1001 bytes of text, more than max_bytes 1000 (the text plugin's limit on one item): split "
+            "the text into smaller items (lines), or raise max_bytes (0: no limit)");
+  EXPECT_EQ(encode_one(encoder("bytes", {{"max_bytes", "0"}}), std::string(5000, 'a')).size(), 5000);
+  auto bad = create("bytes", {{"max_bytes", "-1"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(bad.status().message().find("option max_bytes: -1 is not a size") != std::string::npos)
+      << bad.status().message();
+}
+
+TEST(TextLimits, A64MiBLineIsRefusedQuicklyWithoutAllocatingGigabytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory and an address-space limit do not mix";
+#endif
+  // Before the limit, tokenizing a 64 MiB line took 5.9 GB and ended as "out of memory". In a child
+  // whose address space may grow by 512 MiB only, the default limit refuses it before allocating.
+  const Encoder e = encoder("bpe");
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string line(size_t{64} << 20, 'a');
+    unsigned long long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    rlimit r{};
+    r.rlim_cur = r.rlim_max = pages * static_cast<unsigned long long>(::sysconf(_SC_PAGESIZE)) + (512ull << 20);
+    ::setrlimit(RLIMIT_AS, &r);
+    auto out = e.encode(item(line, "big.txt:1"));
+    const std::string m = out.ok() ? "ok" : out.status().message();
+    if (::write(fds[1], m.data(), m.size()) < 0) ::_exit(2);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  EXPECT_EQ(got,
+            "big.txt:1: 67108864 bytes of text, more than max_bytes 4194304 (the text plugin's limit on one item): "
+            "split the text into smaller items (lines), or raise max_bytes (0: no limit)");
 }

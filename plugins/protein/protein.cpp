@@ -52,6 +52,18 @@ bool unknown_is_error(const Options& o) {
   return s == "error";
 }
 
+// max_windows: the most windows one item may become under length_policy: windows (0: no limit).
+// An option added after 1.1.0: a host that does not pass it gets the default.
+constexpr int64_t kDefaultMaxWindows = 2048;
+int64_t checked_max_windows(const Options& o) {
+  if (!o.has("max_windows")) return kDefaultMaxWindows;
+  const int64_t n = o.get_int("max_windows");
+  if (n < 0)
+    fail(TSR_INVALID_ARGUMENT, "max_windows " + std::to_string(n) + " is negative: use 0 for no limit, or a count",
+         "max_windows");
+  return n;
+}
+
 int64_t checked_max_length(const Options& o) {
   const int64_t n = o.get_int("max_length");
   if (n < 3 || n > std::numeric_limits<int32_t>::max())
@@ -81,6 +93,7 @@ class Protein {
         max_length_(checked_max_length(o)),
         policy_(policy_of(o.text("length_policy"))),
         stride_(o.get_int("stride")),
+        max_windows_(checked_max_windows(o)),
         reader_(bool_of(o, "uppercase"), unknown_is_error(o), esm_),
         splitter_(bool_of(o, "uppercase"), unknown_is_error(o)) {
     const int64_t window = max_length_ - 2;
@@ -128,7 +141,19 @@ class Protein {
     }
     // Windows start every stride_ residues; the last one ends at the sequence's end (and may be
     // shorter), so consecutive windows overlap by exactly window - stride_ residues.
+    // Counted before any is made: a 6 M-residue protein would be ~11,700 windows, 0.6 GB of rows.
+    const uint64_t stride = static_cast<uint64_t>(stride_);
+    const uint64_t n_windows = n <= window ? 1 : (n - window + stride - 1) / stride + 1;
+    if (max_windows_ > 0 && n_windows > static_cast<uint64_t>(max_windows_))
+      fail(TSR_OUT_OF_RANGE,
+           item_message(item, r.name, 0,
+                        std::to_string(n) + " " + unit() + " make " + std::to_string(n_windows) + " windows of " +
+                            std::to_string(window) + " every " + std::to_string(stride_) + ", more than max_windows " +
+                            std::to_string(max_windows_) +
+                            " (the limit on windows per item): raise max_windows (0: no limit), a longer stride, "
+                            "or length_policy: truncate"));
     std::vector<Sequence> out;
+    out.reserve(static_cast<size_t>(n_windows));
     for (size_t begin = 0;; begin += static_cast<size_t>(stride_)) {
       const size_t end = begin + window < n ? begin + window : n;
       out.push_back(rows(r, begin, end, std::string("w").append(std::to_string(out.size()))));
@@ -187,6 +212,7 @@ class Protein {
   int64_t max_length_;
   LengthPolicy policy_;
   int64_t stride_;
+  int64_t max_windows_;
   FastaReader reader_;
   EsmTextSplitter splitter_;
 };
@@ -207,6 +233,10 @@ const tsr_option_spec kOptions[] = {
     {sizeof(tsr_option_spec), "stride", TSR_OPT_INT, "0",
      "windows: tokens (rows) from one window's start to the next, 1 to max_length - 2; 0 = half a window",
      nullptr},
+    {sizeof(tsr_option_spec), "max_windows", TSR_OPT_INT, "2048",
+     "windows: the most windows one item may become (0: no limit); a longer sequence fails the item "
+     "before any window is made (2048 ESM-2 windows cover about 1 M residues)",
+     nullptr},
     {sizeof(tsr_option_spec), "uppercase", TSR_OPT_BOOL, "false",
      "read lower-case letters as their upper-case residues; false: they are unknown letters, as in "
      "EsmTokenizer",
@@ -220,7 +250,7 @@ const tsr_option_spec kOptions[] = {
 const tsr_plugin_info kInfo = {sizeof(tsr_plugin_info),
                                "protein",
                                "protein",
-                               "1.1.0",
+                               "1.2.0",
                                "protein sequences (FASTA records or bare sequences) as ESM-2 token ids, "
                                "as EsmTokenizer gives them",
                                kOptions,

@@ -62,6 +62,11 @@ class TextPlugin {
     if (policy != "error" && policy != "truncate")
       fail(TSR_INVALID_ARGUMENT, "\"" + policy + "\" is not one of error, truncate", "length_policy");
     truncate_ = policy == "truncate";
+    // An option added after 1.0.0: a host that does not pass it gets the default.
+    max_bytes_ = o.has("max_bytes") ? o.get_int("max_bytes") : kDefaultMaxBytes;
+    if (max_bytes_ < 0)
+      fail(TSR_INVALID_ARGUMENT, std::to_string(max_bytes_) + " is not a size: use 0 for no limit, or bytes",
+           "max_bytes");
 
     if (kind_ == "bytes")
       tokenizer_ = make_bytes_tokenizer();
@@ -107,6 +112,13 @@ class TextPlugin {
 
   std::vector<Sequence> encode(const Item& item) {
     const std::string_view text = item.text();
+    // Before anything is allocated: tokenizing takes about 90 bytes per byte of text (the
+    // characters, the tokens, then the rows), so a 64 MiB line would need ~6 GB.
+    if (max_bytes_ > 0 && text.size() > static_cast<uint64_t>(max_bytes_))
+      fail(TSR_BAD_INPUT, std::string(item.id) + ": " + std::to_string(text.size()) +
+                                 " bytes of text, more than max_bytes " + std::to_string(max_bytes_) +
+                                 " (the text plugin's limit on one item): split the text into smaller items "
+                                 "(lines), or raise max_bytes (0: no limit)");
     chars_.clear();
     if (tokenizer_->reads_unicode()) {
       Utf8Problem problem;
@@ -171,7 +183,9 @@ class TextPlugin {
   std::string kind_;
   std::unique_ptr<Tokenizer> tokenizer_;
   bool add_special_ = false, skip_special_ = false, truncate_ = false;
+  static constexpr int64_t kDefaultMaxBytes = int64_t{4} << 20;
   int64_t max_length_ = 0;
+  int64_t max_bytes_ = kDefaultMaxBytes;
   std::vector<Token> prefix_, suffix_;
   std::vector<Char> chars_;
   std::vector<Token> content_;
@@ -200,11 +214,15 @@ const tsr_option_spec kOptions[] = {
      "error|truncate"},
     {sizeof(tsr_option_spec), "skip_special_tokens", TSR_OPT_BOOL, "false",
      "decode: leave special tokens out of the text", nullptr},
+    {sizeof(tsr_option_spec), "max_bytes", TSR_OPT_INT, "4194304",
+     "the most bytes of text one item may have (0: no limit); a longer one fails before it is tokenized "
+     "(tokenizing takes about 90 bytes of memory per byte)",
+     nullptr},
 };
 const tsr_plugin_info kInfo = {sizeof(tsr_plugin_info),
                                "text",
                                "text",
-                               "1.0.0",
+                               "1.1.0",
                                "text lines as token ids: bytes, characters, GPT-2 BPE or BERT WordPiece",
                                kOptions,
                                static_cast<uint32_t>(std::size(kOptions)),

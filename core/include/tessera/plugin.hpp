@@ -244,11 +244,18 @@ static_assert(std::is_standard_layout_v<Owned>, "Owned must start with its tsr_e
 
 template <class Impl>
 struct Table {
-  static int32_t create(const tsr_option_value* options, uint32_t n, void** encoder, tsr_error* error) {
+  static int32_t create(const tsr_option_value* options, uint32_t n, void** encoder, tsr_error* error) noexcept {
     return guarded(error, [&] { *encoder = new Impl(Options(options, n)); });
   }
-  static void destroy(void* encoder) { delete static_cast<Impl*>(encoder); }
-  static int32_t describe(void* encoder, tsr_encoder_info* info, tsr_error* error) {
+  // No exception may cross the C ABI, even from a destructor that throws (it is then lost: the
+  // call has no error to report it through).
+  static void destroy(void* encoder) noexcept {
+    try {
+      delete static_cast<Impl*>(encoder);
+    } catch (...) {
+    }
+  }
+  static int32_t describe(void* encoder, tsr_encoder_info* info, tsr_error* error) noexcept {
     return guarded(error, [&] {
       tsr_encoder_info mine = static_cast<Impl*>(encoder)->describe();
       mine.size = sizeof(tsr_encoder_info);
@@ -258,7 +265,7 @@ struct Table {
       info->size = host_size;
     });
   }
-  static int32_t encode(void* encoder, const tsr_item* item, tsr_encoding** encoding, tsr_error* error) {
+  static int32_t encode(void* encoder, const tsr_item* item, tsr_encoding** encoding, tsr_error* error) noexcept {
     return guarded(error, [&] {
       Item in;
       in.id = item->id ? item->id : "";
@@ -300,14 +307,17 @@ struct Table {
       *encoding = &owned->encoding;
     });
   }
-  static void release(void*, tsr_encoding* encoding) {
+  static void release(void*, tsr_encoding* encoding) noexcept {
     if (!encoding) return;
     Owned* owned = reinterpret_cast<Owned*>(encoding);  // the encoding is Owned's first member
-    delete owned->payload;
+    try {
+      delete owned->payload;
+    } catch (...) {
+    }
     delete owned;
   }
   static int32_t decode(void* encoder, const int32_t* ids, size_t n, char* text, size_t capacity, size_t* length,
-                        tsr_error* error) {
+                        tsr_error* error) noexcept {
     return guarded(error, [&] {
       if constexpr (requires(const Impl& i) { i.decode(std::vector<int32_t>{}); }) {
         const std::string s = static_cast<const Impl*>(encoder)->decode(std::vector<int32_t>(ids, ids + n));
@@ -329,7 +339,7 @@ constexpr bool has_augment = requires(const Impl& i, const tsr_rows& r, float* f
 
 template <class Impl>
 struct Augment {
-  static int32_t call(void* encoder, const tsr_rows* rows, uint64_t seed, float* features, tsr_error* error) {
+  static int32_t call(void* encoder, const tsr_rows* rows, uint64_t seed, float* features, tsr_error* error) noexcept {
     return guarded(error, [&] {
       if constexpr (has_augment<Impl>) static_cast<const Impl*>(encoder)->augment(*rows, seed, features);
     });

@@ -11,6 +11,8 @@
 // the install prefix's lib/tessera/plugins. Every refusal names the file and the reason.
 // Ownership: a Plugin stays loaded while any Plugin or Encoder handle refers to it. Threads: a
 // Plugin may be shared; an Encoder is used by one thread at a time (make one per worker).
+// Isolation: enc->isolate(limits) moves encode() into a worker process, so a plugin that crashes,
+// hangs or throws on a hostile item costs that item only (see ItemLimits).
 #pragma once
 
 #include <array>
@@ -113,6 +115,15 @@ struct PluginItem {
   uint32_t source_line = 0;
 };
 
+// Per-item limits on what one item may cost (runtime.* options; the defaults are the runner's).
+// The size limits hold in-process too; the time and memory limits need isolate().
+struct ItemLimits {
+  int64_t max_item_bytes = int64_t{1} << 30;   // runtime.max_item_bytes: bytes of input one item may have
+  int64_t max_item_rows = int64_t{1} << 23;    // runtime.max_item_rows: rows of all its sequences together
+  double item_timeout_s = 120;                 // runtime.item_timeout_s: seconds in a worker (0: no limit)
+  int64_t worker_memory_mb = 8192;             // runtime.worker_memory_mb: address space a worker may add (0: no limit)
+};
+
 class Encoder {
  public:
   // `options`: every option of the plugin by name, canonical text (the config loader fills in
@@ -135,6 +146,24 @@ class Encoder {
   // plugin, feature rows, a vocabulary without [MASK]).
   int32_t mask_id() const;
   Status augment(const TokenRows& rows, uint64_t seed, float* features) const;
+
+  // Limits on every item this encoder (and its copies) encodes from now on; a new encoder has the
+  // defaults above. Checked before the plugin is called (bytes) and before its rows are copied
+  // (rows); a refusal names the item, the size and the option. An exception a plugin lets out of
+  // encode() is caught in any case and makes the item bad.
+  void limit(const ItemLimits& limits);
+  // From now on encode() runs in a worker process (see core/src/plugins/workers.h) under `limits`:
+  // a worker that dies (a signal, abort()) or runs past item_timeout_s makes that one item bad,
+  // with the signal or the limit as its reason, and is replaced for the next item. Call it before
+  // the process starts threads (the runner: before the model is built). Copies of this encoder
+  // share its worker (one thread at a time, as ever). decode() and augment() stay in this
+  // process. Fails only when fork() does.
+  Status isolate(const ItemLimits& limits);
+  bool isolated() const;
+  const ItemLimits& limits() const;
+  // The worker's process id (0: none running, or not isolated), and how many were started: for tests.
+  int64_t worker_pid() const;
+  int64_t workers_started() const;
 
   struct State;
 

@@ -8,8 +8,11 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <new>
 
+#include "plugins/workers.h"
 #include "tessera/plugins.h"
 
 // The released layout of the ABI, frozen: a change here is an ABI break (bump the version).
@@ -214,7 +217,10 @@ struct Encoder::State {
   std::shared_ptr<const Plugin> plugin;
   void* instance = nullptr;
   tsr_encoder_info info{};
+  ItemLimits limits;
+  std::unique_ptr<plugin_workers::Worker> worker;  // set by isolate(): encode() runs there
   ~State() {
+    worker.reset();  // first: the worker's process shares nothing with us, but stop it before we unload
     if (instance) plugin->table()->destroy(instance);
   }
 };
@@ -313,30 +319,100 @@ Result<Encoder> Encoder::create(std::shared_ptr<const Plugin> plugin,
   return e;
 }
 
-Result<std::vector<TokenRows>> Encoder::encode(const PluginItem& item) const {
-  const tsr_plugin* t = state_->plugin->table();
+namespace {
+
+// The plugin's encode() in this process: the rows of every sequence counted against the row limit
+// before any is copied, then copied and checked.
+Result<std::vector<TokenRows>> encode_here(const Encoder::State& state, const PluginItem& item) {
+  const tsr_plugin* t = state.plugin->table();
   const tsr_item in{sizeof(tsr_item), item.id.c_str(), item.source.empty() ? nullptr : item.source.c_str(),
                     reinterpret_cast<const uint8_t*>(item.data.data()), item.data.size(), item.source_offset,
                     item.source_line};
   tsr_error err = fresh_error();
   tsr_encoding* enc = nullptr;
-  const int32_t rc = t->encode(state_->instance, &in, &enc, &err);
-  if (rc != TSR_OK) return Status(code_of(rc), err.message);
-  const std::string who = plugin_label(*state_->plugin);
+  int32_t rc = TSR_INTERNAL;
+  const std::string who = plugin_label(*state.plugin);
+  // A plugin must not let an exception cross the C ABI (plugin.hpp's plugins never do); one that
+  // does is caught here rather than ending the process in std::terminate.
+  try {
+    rc = t->encode(state.instance, &in, &enc, &err);
+  } catch (const std::bad_alloc&) {
+    return Status::Internal(item.id + ": " + who + " ran out of memory and let std::bad_alloc escape encode() (a bug in the plugin)");
+  } catch (const std::exception& e) {
+    return Status::Internal(item.id + ": " + who + " threw a C++ exception out of encode(): " + e.what() + " (a bug in the plugin)");
+  } catch (...) {
+    return Status::Internal(item.id + ": " + who + " threw a C++ exception out of encode() (a bug in the plugin)");
+  }
+  if (rc != TSR_OK) {
+    // plugin.hpp's words for a std::bad_alloc: say whose, and in a worker, which limit it met.
+    if (std::strcmp(err.message, "out of memory") == 0)
+      return Status(code_of(rc), item.id + ": " + who + " ran out of memory encoding it" +
+                                     (state.worker && state.limits.worker_memory_mb > 0
+                                          ? " (a worker may map runtime.worker_memory_mb = " +
+                                                std::to_string(state.limits.worker_memory_mb) +
+                                                " MiB more than it started with: raise it, or make such items smaller)"
+                                          : ""));
+    return Status(code_of(rc), err.message);
+  }
   std::vector<TokenRows> out;
   Status problem;
   if (!enc || enc->size < sizeof(tsr_encoding) || enc->n_sequences == 0 || !enc->sequences) {
     problem = Status::Internal(who + " returned no sequences for " + item.id + " (a bug in the plugin)");
   } else {
+    uint64_t rows = 0;
+    for (uint32_t s = 0; s < enc->n_sequences; ++s) rows += enc->sequences[s].n_rows;
+    if (state.limits.max_item_rows > 0 && rows > static_cast<uint64_t>(state.limits.max_item_rows))
+      problem = Status::OutOfRange(item.id + ": " + who + " made " + std::to_string(rows) + " rows in " +
+                                   std::to_string(enc->n_sequences) + " sequence(s), more than runtime.max_item_rows = " +
+                                   std::to_string(state.limits.max_item_rows) +
+                                   " (give the plugin a maximum length or fewer windows, or raise runtime.max_item_rows)");
     for (uint32_t s = 0; s < enc->n_sequences && problem.ok(); ++s) {
-      Result<TokenRows> r = take_rows(enc->sequences[s], state_->info, who);
+      Result<TokenRows> r = take_rows(enc->sequences[s], state.info, who);
       if (r.ok()) out.push_back(std::move(r).value());
       else problem = r.status();
     }
   }
-  if (enc) t->release(state_->instance, enc);
+  if (enc) t->release(state.instance, enc);
   if (!problem.ok()) return problem;
   return out;
+}
+
+}  // namespace
+
+Result<std::vector<TokenRows>> Encoder::encode(const PluginItem& item) const {
+  const ItemLimits& lim = state_->limits;
+  if (lim.max_item_bytes > 0 && item.data.size() > static_cast<uint64_t>(lim.max_item_bytes))
+    return Status::OutOfRange(item.id + ": " + std::to_string(item.data.size()) + " bytes, more than runtime.max_item_bytes = " +
+                              std::to_string(lim.max_item_bytes) + " (split the input, or raise runtime.max_item_bytes)");
+  if (state_->worker) return state_->worker->encode(item);
+  return encode_here(*state_, item);
+}
+
+void Encoder::limit(const ItemLimits& limits) { state_->limits = limits; }
+const ItemLimits& Encoder::limits() const { return state_->limits; }
+bool Encoder::isolated() const { return state_->worker != nullptr; }
+int64_t Encoder::worker_pid() const { return state_->worker ? state_->worker->pid() : 0; }
+int64_t Encoder::workers_started() const { return state_->worker ? state_->worker->started() : 0; }
+
+Status Encoder::isolate(const ItemLimits& limits) {
+  state_->worker.reset();
+  state_->limits = limits;
+  // The answer's bound: what max_item_rows rows of this encoder's kind can take on the wire
+  // (ids or features, positions, role, provenance), plus pictures and labels.
+  const uint64_t per_row = 8 + 1 + sizeof(tsr_provenance) +
+                           (state_->info.rows_kind == TSR_ROWS_FEATURES ? 4ull * state_->info.width : 4);
+  uint64_t cap = 0;
+  const uint64_t rows = limits.max_item_rows > 0 ? static_cast<uint64_t>(limits.max_item_rows) : (uint64_t{1} << 32);
+  if (__builtin_mul_overflow(rows, per_row, &cap) || __builtin_add_overflow(cap, uint64_t{1} << 30, &cap) ||
+      cap > static_cast<uint64_t>(INT64_MAX))
+    cap = static_cast<uint64_t>(INT64_MAX);
+  const State* self = state_.get();  // the worker lives inside *self, so it never outlives it
+  state_->worker = std::make_unique<plugin_workers::Worker>(
+      [self](const PluginItem& item) { return encode_here(*self, item); }, limits, plugin_label(*state_->plugin),
+      static_cast<int64_t>(cap));
+  Status st = state_->worker->start();
+  if (!st.ok()) state_->worker.reset();
+  return st;
 }
 
 int32_t Encoder::mask_id() const {

@@ -115,6 +115,11 @@ Status Runner::setup() {
       if (!e.ok()) return e.status();
       encoders_[static_cast<size_t>(w)].push_back(std::move(e).value());
     }
+  // Plugins encode in worker processes, forked now, before the model's threads start: an item
+  // that crashes, hangs or floods a plugin becomes one bad item (docs/PLUGINS.md, hostile items).
+  const ItemLimits limits;  // runtime.item_timeout_s, worker_memory_mb, max_item_bytes, max_item_rows
+  for (std::vector<Encoder>& per_worker : encoders_)
+    for (Encoder& e : per_worker) TSR_RETURN_IF_ERROR(e.isolate(limits));
   std::vector<tsr_encoder_info> infos;
   for (const Encoder& e : encoders_[0]) infos.push_back(e.info());
   set_num_threads(exp_.runtime.threads);
