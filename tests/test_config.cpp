@@ -357,7 +357,8 @@ TEST(Config, ErrorUnknownKeys) {
             "mask_id, modalities)");
   EXPECT_EQ(errors(kModel + "runtim: {threads: 1}\n"), "t.yaml:4:1: runtim: unknown key (did you mean `runtime`?)");
   EXPECT_EQ(errors(kModel + "runtime: {include: x.yaml}\n"),
-            "t.yaml:4:11: runtime.include: unknown key (valid keys in runtime: threads, reference, batch_size, packing, workers)");
+            "t.yaml:4:11: runtime.include: unknown key (valid keys in runtime: threads, reference, batch_size, packing, workers, "
+            "isolate, item_timeout_s, worker_memory_mb, max_item_bytes, max_item_rows)");
 }
 
 TEST(Config, ErrorWrongTypes) {

@@ -61,7 +61,7 @@ Encoder make(std::shared_ptr<const Plugin> p, const std::map<std::string, std::s
   return std::move(e).value();
 }
 
-ItemLimits limits(double timeout_s = 20, int64_t memory_mb = 1024) {
+ItemLimits test_limits(double timeout_s = 20, int64_t memory_mb = 1024) {
   ItemLimits l;
   l.item_timeout_s = timeout_s;
   l.worker_memory_mb = memory_mb;
@@ -177,7 +177,7 @@ TEST(IsolationBefore, InProcessEncodeNowTurnsAnEscapingExceptionIntoABadItem) {
 
 TEST(Isolation, EachHostileItemIsOneBadItemAndTheGoodOnesEncodeAsInProcess) {
   const Encoder here = make(hostile());
-  Encoder pool = isolated(hostile(), limits());
+  Encoder pool = isolated(hostile(), test_limits());
   ASSERT_TRUE(pool.isolated());
   const pid_t first = static_cast<pid_t>(pool.worker_pid());
   ASSERT_GT(first, 0);
@@ -217,7 +217,7 @@ TEST(Isolation, EachHostileItemIsOneBadItemAndTheGoodOnesEncodeAsInProcess) {
 }
 
 TEST(Isolation, AnEndlessLoopIsStoppedAtTheTimeLimitAndTheNextItemEncodes) {
-  Encoder pool = isolated(hostile(), limits(1));
+  Encoder pool = isolated(hostile(), test_limits(1));
   const auto t0 = std::chrono::steady_clock::now();
   auto r = pool.encode(item("items.txt:9", "LOOP"));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -240,7 +240,7 @@ TEST(Isolation, UnboundedAllocationEndsAtTheWorkersMemoryLimit) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer's shadow memory and an address-space limit do not mix";
 #endif
-  Encoder pool = isolated(hostile(), limits(20, 256));
+  Encoder pool = isolated(hostile(), test_limits(20, 256));
   auto r = pool.encode(item("items.txt:3", "ALLOC"));
   ASSERT_FALSE(r.ok());
   // The hostile plugin writes through the null malloc returns at the limit, as careless code does.
@@ -254,7 +254,7 @@ TEST(Isolation, RunningOutOfTheWorkersMemoryIsNamedWithItsLimit) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer's shadow memory and an address-space limit do not mix";
 #endif
-  Encoder pool = isolated(hostile(), limits(20, 256));
+  Encoder pool = isolated(hostile(), test_limits(20, 256));
   auto r = pool.encode(item("items.txt:5", "OOM"));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(), "items.txt:5: plugin hostile (" + kTestPlugins +
@@ -267,7 +267,7 @@ TEST(Isolation, RunningOutOfTheWorkersMemoryIsNamedWithItsLimit) {
 }
 
 TEST(Isolation, CtrlCIsTheParentsToHandleNotTheWorkers) {
-  Encoder pool = isolated(hostile(), limits());
+  Encoder pool = isolated(hostile(), test_limits());
   const pid_t pid = static_cast<pid_t>(pool.worker_pid());
   ASSERT_EQ(::kill(pid, SIGINT), 0);  // what a terminal's Ctrl-C sends the whole process group
   auto r = pool.encode(item("items.txt:1", "still here"));
@@ -276,7 +276,7 @@ TEST(Isolation, CtrlCIsTheParentsToHandleNotTheWorkers) {
 }
 
 TEST(Isolation, AWorkerKilledBetweenItemsIsReplacedWithoutBlamingTheNextItem) {
-  Encoder pool = isolated(hostile(), limits());
+  Encoder pool = isolated(hostile(), test_limits());
   const pid_t pid = static_cast<pid_t>(pool.worker_pid());
   ASSERT_EQ(::kill(pid, SIGKILL), 0);  // as the kernel's out-of-memory killer would
   siginfo_t info{};
@@ -289,7 +289,7 @@ TEST(Isolation, AWorkerKilledBetweenItemsIsReplacedWithoutBlamingTheNextItem) {
 
 TEST(Isolation, AnOutOfRangeTimeLimitIsNoLimit) {
   for (double t : {1e300, -1.0, std::nan("")}) {
-    Encoder pool = isolated(hostile(), limits(t));
+    Encoder pool = isolated(hostile(), test_limits(t));
     auto r = pool.encode(item("items.txt:1", "fine"));
     ASSERT_TRUE(r.ok()) << t << ": " << r.status().message();
   }
@@ -303,7 +303,7 @@ TEST(Isolation, AWorkerForkedFromAThreadThatRanOpenMPCanRunOpenMP) {
 #pragma omp parallel num_threads(2) reduction(+ : threads)
   threads += 1;
   ASSERT_EQ(threads, 2);
-  Encoder pool = isolated(hostile(), limits(5));
+  Encoder pool = isolated(hostile(), test_limits(5));
   auto r = pool.encode(item("items.txt:1", "OMP here"));
   ASSERT_TRUE(r.ok()) << r.status().message();
   auto crash = pool.encode(item("items.txt:2", "SEGV"));  // the replacement, forked from this thread too
@@ -315,7 +315,7 @@ TEST(Isolation, AWorkerForkedFromAThreadThatRanOpenMPCanRunOpenMP) {
 TEST(Isolation, TheWorkerEndsWithItsEncoder) {
   pid_t pid = 0;
   {
-    Encoder pool = isolated(hostile(), limits());
+    Encoder pool = isolated(hostile(), test_limits());
     pid = static_cast<pid_t>(pool.worker_pid());
     ASSERT_GT(pid, 0);
     EXPECT_EQ(::kill(pid, 0), 0);
@@ -333,7 +333,7 @@ TEST(Isolation, RealPluginsRowsCrossTheWorkerBitForBit) {
     const std::string jpeg = read_file(std::string(TESSERA_TEST_DATA) + "/image/chelsea.jpg");
     ASSERT_FALSE(jpeg.empty());
     const Encoder here = make(p);
-    Encoder pool = isolated(p, limits());
+    Encoder pool = isolated(p, test_limits());
     auto a = pool.encode(item("chelsea.jpg", jpeg));
     auto b = here.encode(item("chelsea.jpg", jpeg));
     ASSERT_TRUE(a.ok()) << a.status().message();
@@ -348,7 +348,7 @@ TEST(Isolation, RealPluginsRowsCrossTheWorkerBitForBit) {
     const std::map<std::string, std::string> o = {{"length_policy", "windows"}, {"max_length", "40"}, {"stride", "13"}};
     const std::string fasta = ">sp|X|Y a protein\nMKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEKAVQVKVKALPDAQ\nFEVVHSLAKWKRQTLGQHDFSAGEGLYTHMKALRPDEDRLSPLHSVYVDQWDWERVMGDGERQFSTLKSTVE\n";
     const Encoder here = make(p, o);
-    Encoder pool = isolated(p, limits(), o);
+    Encoder pool = isolated(p, test_limits(), o);
     auto a = pool.encode(item("s.fasta#1", fasta));
     auto b = here.encode(item("s.fasta#1", fasta));
     ASSERT_TRUE(a.ok()) << a.status().message();
@@ -364,7 +364,7 @@ TEST(Isolation, RealPluginsRowsCrossTheWorkerBitForBit) {
 // ---- Size limits: in-process and in workers alike -----------------------------------------------
 
 TEST(ItemLimits, BytesAndRowsAreRefusedNamingTheItemTheSizeAndTheOption) {
-  ItemLimits l = limits();
+  ItemLimits l = test_limits();
   l.max_item_bytes = 16;
   l.max_item_rows = 1000;
   Encoder here = make(hostile());
@@ -447,22 +447,24 @@ TEST(IsolationWire, RoundTripsEveryFieldAndRefusesEveryTruncation) {
 
 // ---- A batch run -----------------------------------------------------------------------------------
 
-TEST(IsolationRun, HostileItemsAreRecordedAsBadItemsAndTheRunFinishes) {
-  // Before the runner isolated its plugins, the SEGV line killed `tessera run` (and every --resume
-  // replayed it). The run goes in a child, so that this test survives to report that.
-  const std::string dir = ::testing::TempDir() + "tessera_isolation_run_" + std::to_string(::getpid());
+// Runs `lines` (one item a line) through the hostile plugin with `runtime` (YAML lines under
+// runtime:) in a child, so that a run that dies cannot take the test with it. Returns "items N
+// failed F sequences S" or "error: ...", and errors.jsonl in *errors; "died: <signal>" when it died.
+static std::string run_hostile_lines(const std::string& name, const std::string& lines, const std::string& runtime,
+                                     std::string* errors) {
+  const std::string dir = ::testing::TempDir() + "tessera_isolation_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::ofstream(dir + "/lines.txt") << "one\ntwo\nSEGV here\nfour\nABORT now\nsix\nTHROW it\neight\n";
+  std::ofstream(dir + "/lines.txt") << lines;
   const std::string yaml = "plugins:\n  - name: hostile\n    path: " + kTestPlugins +
                            "\nmodel:\n  d_model: 16\n  n_heads: 2\n  n_layers: 1\n  stem: {kind: tokens, vocab_size: 300}\n"
                            "  positions: {kind: learned, max_len: 64}\n  head: {kind: pool, pool: mean}\n"
-                           "data:\n  path: " + dir + "/lines.txt\nruntime:\n  batch_size: 3\n";
+                           "data:\n  path: " + dir + "/lines.txt\nruntime:\n  batch_size: 3\n" + runtime;
   Diagnostics d;
   std::optional<Experiment> e = load_experiment_from_string(yaml, "exp.yaml", dir, {}, &d);
-  ASSERT_TRUE(e) << d.str();
+  if (!e) return "config: " + d.str();
   int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
+  if (::pipe(fds) != 0) return "pipe failed";
   // Forked from a fresh thread: this thread ran OpenMP (an earlier test), and a child of it would
   // hang in the model's first parallel region.
   pid_t pid = -1;
@@ -487,14 +489,37 @@ TEST(IsolationRun, HostileItemsAreRecordedAsBadItemsAndTheRunFinishes) {
   ::close(fds[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status)) << "the run died: "
-                                 << (WIFSIGNALED(status) ? plugin_workers::signal_description(WTERMSIG(status)) : "?");
-  EXPECT_EQ(got, "items 8 failed 3 sequences 5");
-  const std::string errors = read_file(dir + "/run/errors.jsonl");
+  if (!WIFEXITED(status))
+    got = std::string("died: ") + (WIFSIGNALED(status) ? plugin_workers::signal_description(WTERMSIG(status)) : "?");
+  *errors = fs::exists(dir + "/run/errors.jsonl") ? read_file(dir + "/run/errors.jsonl") : std::string();
+  fs::remove_all(dir);
+  return got;
+}
+
+TEST(IsolationRun, HostileItemsAreRecordedAsBadItemsAndTheRunFinishes) {
+  // Before the runner isolated its plugins, the SEGV line killed `tessera run` (and every --resume
+  // replayed it).
+  std::string errors;
+  EXPECT_EQ(run_hostile_lines("run", "one\ntwo\nSEGV here\nfour\nABORT now\nsix\nTHROW it\neight\n", "", &errors),
+            "items 8 failed 3 sequences 5");
   EXPECT_TRUE(contains(errors, "worker process was killed by SIGSEGV")) << errors;
   EXPECT_TRUE(contains(errors, "worker process was killed by SIGABRT")) << errors;
   EXPECT_TRUE(contains(errors, "threw a C++ exception out of encode()")) << errors;
-  fs::remove_all(dir);
+}
+
+// The limits are the experiment's runtime keys: a time limit from the YAML stops an endless item,
+// an item over runtime.max_item_bytes is refused unread, and runtime.isolate: false keeps the
+// plugin in the run's process (an escaping exception is still one bad item).
+TEST(IsolationRun, TheRuntimeKeysSetTheLimits) {
+  std::string errors;
+  EXPECT_EQ(run_hostile_lines("keys", "one\nLOOP forever\nthree\n" + std::string(100, 'x') + "\nfive\n",
+                              "  item_timeout_s: 1\n  max_item_bytes: 64\n", &errors),
+            "items 5 failed 2 sequences 3");
+  EXPECT_TRUE(contains(errors, "limit runtime.item_timeout_s = 1")) << errors;
+  EXPECT_TRUE(contains(errors, "100 bytes, more than runtime.max_item_bytes = 64; not read")) << errors;
+  EXPECT_EQ(run_hostile_lines("inproc", "one\nTHROW it\nthree\n", "  isolate: false\n", &errors),
+            "items 3 failed 1 sequences 2");
+  EXPECT_TRUE(contains(errors, "threw a C++ exception out of encode()")) << errors;
 }
 
 // ---- A developer measurement (not run by ctest) ---------------------------------------------------

@@ -237,6 +237,12 @@ struct RuntimeConfig {
   int64_t batch_size = 8;  // tessera run: items per forward pass
   bool packing = false;    // tessera run: several sequences per batch row instead of padding
   int workers = 1;         // tessera run: threads decoding items with the plugins while the model runs
+  // tessera run: what one item may cost (tessera/plugins.h, ItemLimits, has the same defaults).
+  bool isolate = true;                          // plugins encode in worker processes
+  double item_timeout_s = 120;                  // seconds an item may take in a worker; 0 = no limit
+  int64_t worker_memory_mb = 8192;              // address space a worker may add; 0 = no limit
+  int64_t max_item_bytes = int64_t{1} << 30;    // bytes of input of one item; 0 = no limit
+  int64_t max_item_rows = int64_t{1} << 23;     // rows of all of one item's sequences; 0 = no limit
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -233,6 +233,7 @@ const IntBound kSequenceBound = upto(kAtLeastOne, limits::kSequence, kWhySequenc
 const IntBound kBatchBound = upto(kAtLeastOne, limits::kBatch, kWhyBatch);
 const IntBound kThreadsBound = upto(kNonNegative, limits::kThreads, kWhyThreads);
 const IntBound kStepsBound = upto(kNonNegative, limits::kSteps, kWhyCount);
+const IntBound kItemBound = upto(kNonNegative, int64_t{1} << 50, "a pebibyte: beyond any machine's memory or disk");
 
 // "4611686018427387904 is more than the limit 1048576" (and why, as the hint).
 void over_limit(const Node& n, const std::string& key, WalkContext& c, const IntBound& b,
@@ -1165,6 +1166,21 @@ std::vector<KeyRule> build_rules() {
   r.push_back(int_key("runtime.workers", kThreadsBound, "1",
                       "tessera run: threads decoding items with the plugins while the model runs; 0 = none",
                       FIELD(runtime.workers)));
+  r.push_back(bool_key("runtime.isolate", "true",
+                       "tessera run: plugins encode in worker processes, so an item that crashes, hangs or floods a "
+                       "plugin is one bad item (docs/RELIABILITY.md)",
+                       FIELD(runtime.isolate)));
+  r.push_back(float_range_key("runtime.item_timeout_s", "in [0, 1e7]", [](double v) { return v >= 0 && v <= 1e7; },
+                              "120", "tessera run, isolate: seconds one item may take in a worker; 0 = no limit",
+                              FIELD(runtime.item_timeout_s)));
+  r.push_back(int_key("runtime.worker_memory_mb", kItemBound, "8192",
+                      "tessera run, isolate: MiB of address space a worker may add while encoding; 0 = no limit",
+                      FIELD(runtime.worker_memory_mb)));
+  r.push_back(int_key("runtime.max_item_bytes", kItemBound, "1073741824",
+                      "tessera run: bytes of input one item may have; 0 = no limit", FIELD(runtime.max_item_bytes)));
+  r.push_back(int_key("runtime.max_item_rows", kItemBound, "8388608",
+                      "tessera run: token rows all of one item's sequences may have; 0 = no limit",
+                      FIELD(runtime.max_item_rows)));
   r.push_back(plugins_key());
   r.push_back(data_path_key());
   r.push_back(enum_key(

@@ -2,14 +2,22 @@
 #include "batcher.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 namespace tessera::run {
 
-Result<std::string> item_bytes(const ItemPart& p) {
+Result<std::string> item_bytes(const ItemPart& p, int64_t max_bytes) {
   if (p.in_memory) return p.bytes;
   if (p.path.empty()) return p.text;
+  if (max_bytes > 0) {
+    std::error_code ec;
+    const uint64_t size = p.is_text ? p.length : std::filesystem::file_size(p.path, ec);
+    if (!ec && size > static_cast<uint64_t>(max_bytes))
+      return Status::OutOfRange(p.path + ": " + std::to_string(size) + " bytes, more than runtime.max_item_bytes = " +
+                                std::to_string(max_bytes) + "; not read (split the input, or raise runtime.max_item_bytes)");
+  }
   if (!p.is_text || p.offset == 0) {
     Result<std::string> all = read_file(p.path);
     if (!all.ok() || !p.is_text || all->size() == p.length) return all;
@@ -26,10 +34,11 @@ namespace {
 
 // An item's inputs as its plugins get them: each part's bytes, or why they cannot be read (empty
 // for a missing part). Nothing is read for an item that is broken before any plugin sees it.
-std::vector<Result<std::string>> read_parts(const DataItem& item) {
+std::vector<Result<std::string>> read_parts(const DataItem& item, int64_t max_bytes) {
   std::vector<Result<std::string>> v;
   if (!item.error.empty()) return v;
-  for (const ItemPart& p : item.parts) v.push_back(p.missing ? Result<std::string>(std::string()) : item_bytes(p));
+  for (const ItemPart& p : item.parts)
+    v.push_back(p.missing ? Result<std::string>(std::string()) : item_bytes(p, max_bytes));
   return v;
 }
 
@@ -90,7 +99,7 @@ uint64_t Batcher::content_now(int64_t k) const {
   std::vector<uint64_t> hashes;
   for (int64_t i = begin; i < end; ++i) {
     const DataItem& item = items_[static_cast<size_t>(i)];
-    hashes.push_back(item_content_hash(item, read_parts(item)));
+    hashes.push_back(item_content_hash(item, read_parts(item, exp_.runtime.max_item_bytes)));
   }
   return batch_content(hashes);
 }
@@ -142,7 +151,7 @@ void Batcher::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatc
     out->errors.push_back({index, item.id, file, reason});
   };
   // Read once: what the plugins encode is what the manifest records as the item's content.
-  const std::vector<Result<std::string>> bytes = read_parts(item);
+  const std::vector<Result<std::string>> bytes = read_parts(item, exp_.runtime.max_item_bytes);
   out->item_hashes.emplace_back(index, item_content_hash(item, bytes));
   if (!item.error.empty())
     return fail(!item.source.empty() ? item.source : item.parts.empty() ? std::string() : item.parts[0].path, item.error);

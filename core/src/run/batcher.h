@@ -21,7 +21,8 @@
 namespace tessera::run {
 
 // The bytes of one input (a whole file, a span of a text file, inline text, bytes in memory).
-Result<std::string> item_bytes(const ItemPart& p);
+// `max_bytes` > 0: a part larger than that is refused before it is read (runtime.max_item_bytes).
+Result<std::string> item_bytes(const ItemPart& p, int64_t max_bytes = 0);
 
 // What an item's outputs are computed from, besides the configuration (see batcher.cpp), and a
 // batch's content: its items' hashes in item order.

@@ -117,9 +117,13 @@ Status Runner::setup() {
     }
   // Plugins encode in worker processes, forked now, before the model's threads start: an item
   // that crashes, hangs or floods a plugin becomes one bad item (docs/PLUGINS.md, hostile items).
-  const ItemLimits limits;  // runtime.item_timeout_s, worker_memory_mb, max_item_bytes, max_item_rows
+  const RuntimeConfig& rt = exp_.runtime;
+  const ItemLimits limits{rt.max_item_bytes, rt.max_item_rows, rt.item_timeout_s, rt.worker_memory_mb};
   for (std::vector<Encoder>& per_worker : encoders_)
-    for (Encoder& e : per_worker) TSR_RETURN_IF_ERROR(e.isolate(limits));
+    for (Encoder& e : per_worker) {
+      if (rt.isolate) TSR_RETURN_IF_ERROR(e.isolate(limits));
+      else e.limit(limits);
+    }
   std::vector<tsr_encoder_info> infos;
   for (const Encoder& e : encoders_[0]) infos.push_back(e.info());
   set_num_threads(exp_.runtime.threads);
@@ -219,6 +223,11 @@ run::RunIdentity Runner::identity() const {
   Experiment canon = exp_;
   canon.outputs.dir.clear();
   canon.runtime.workers = 0;
+  // Where and under which limits items are encoded does not change a finished item's outputs: a
+  // resume may raise a limit that refused an item.
+  canon.runtime.isolate = true;
+  canon.runtime.item_timeout_s = 0;
+  canon.runtime.worker_memory_mb = canon.runtime.max_item_bytes = canon.runtime.max_item_rows = 0;
   const std::string yaml = to_yaml(canon);
   id.config_hash = hex64(fnv1a(yaml.data(), yaml.size(), kFnvOffset));
   uint64_t h = kFnvOffset;
