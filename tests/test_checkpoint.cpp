@@ -350,6 +350,9 @@ TEST(Checkpoint, BadInputIsAStatus) {
   c.state_json = "{\"a\": 1} {\"b\": 2}";
   EXPECT_TRUE(
       contains(message_of(write_checkpoint(dir.path, c, 1)), "state_json is not one valid JSON value"));
+  // A number beyond a double: a message, never nlohmann's out_of_range escaping as std::terminate.
+  c.state_json = "{\"x\": 1e400}";
+  EXPECT_FALSE(write_checkpoint(dir.path, c, 1).ok());
   c.state_json = "{}";
   c.config_hash = "\xff";
   EXPECT_TRUE(contains(message_of(write_checkpoint(dir.path, c, 1)), "config_hash is not valid UTF-8"));

@@ -336,7 +336,7 @@ Result<Checkpoint> read_step_folder(const std::string& step_dir, std::optional<i
   json state;
   try {
     state = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond a double
     return Status::ParseError(state_path + ": not valid JSON: " + e.what());
   }
   if (!state.is_object() || state.value("format", json()) != kFormat)
