@@ -1068,6 +1068,9 @@ TEST(Cli, AModelLargerThanTheMachineIsRefusedWithBothNumbers) {
 // Under `ulimit -v` (300 MB) a model larger than that is refused by its plan, naming the limit;
 // before, the first large allocation failed and the process aborted (exit 134).
 TEST(Cli, AnAddressSpaceLimitIsPartOfTheMemoryPlan) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer cannot start under an address-space limit (its shadow memory needs it)";
+#endif
   const Ran r = run_cli_limited(300000, "check configs/bench/bert_base.yaml");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_TRUE(has(r.err, "the model needs ")) << r.err;
@@ -1080,6 +1083,9 @@ TEST(Cli, AnAddressSpaceLimitIsPartOfTheMemoryPlan) {
 // over a large vocabulary: 100 rows x 10^6 tokens x 4 bytes, under a 300 MB address-space limit)
 // ends in exit 1 and one line saying so, never an abort or a signal. Before: abort (exit 134).
 TEST(Cli, OutOfMemoryEndsInExitOneWithAMessage) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer cannot start under an address-space limit (its shadow memory needs it)";
+#endif
   const std::string cfg =
       temp_file("wide_vocab.yaml",
                 "model:\n  d_model: 4\n  n_heads: 2\n  stem: {kind: tokens, vocab_size: 1000000}\n"

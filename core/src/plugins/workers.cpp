@@ -454,7 +454,7 @@ Status Worker::spawn() {
     close(sv[0]);
     close(sv[1]);
     return Status::IoError(who_ + ": cannot start a worker process (fork: " + std::strerror(e) +
-                           "); set runtime.isolation: none to encode in the run's own process");
+                           "); set runtime.isolate: false to encode in the run's own process");
   }
   close(sv[1]);
   pid_ = pid;
@@ -470,8 +470,8 @@ Status Worker::wait_ready() {
   if (read_all(fd_, &ready, 1, &deadline) == Io::ok && ready == 'R') return Status::Ok();
   kill(pid_, SIGKILL);
   const std::string how = reap(false);
-  return Status::Internal(who_ + ": a worker process did not start (it " + (how.empty() ? "ended" : "was " + how) +
-                          "); set runtime.isolation: none to encode in the run's own process");
+  return Status::Internal(who_ + ": a worker process did not start (it " + (how.empty() ? "ended" : how) +
+                          "); set runtime.isolate: false to encode in the run's own process");
 }
 
 std::string Worker::reap(bool killed_by_us) {
@@ -487,7 +487,7 @@ std::string Worker::reap(bool killed_by_us) {
   fd_ = -1;
   pid_ = 0;
   if (killed_by_us || r < 0) return "";
-  if (WIFSIGNALED(status)) return "killed by " + signal_description(WTERMSIG(status));
+  if (WIFSIGNALED(status)) return "was killed by " + signal_description(WTERMSIG(status));
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   return "ended";
 }
@@ -544,7 +544,7 @@ Result<std::vector<TokenRows>> Worker::encode(const PluginItem& item) {
   else if (limits_.worker_memory_mb > 0 && how.find("SIGABRT") != std::string::npos)
     hint = " (abort(), a failed assertion, an uncaught exception, or running out of its memory limit runtime.worker_memory_mb = " +
            std::to_string(limits_.worker_memory_mb) + " MiB)";
-  return Status::Internal(item.id + ": " + who_ + "'s worker process was " + how + " while encoding it" + hint + replaced);
+  return Status::Internal(item.id + ": " + who_ + "'s worker process " + how + " while encoding it" + hint + replaced);
 }
 
 }  // namespace tessera::plugin_workers
