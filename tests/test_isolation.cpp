@@ -445,7 +445,8 @@ TEST(IsolationWire, RoundTripsEveryFieldAndRefusesEveryTruncation) {
   EXPECT_EQ(err.status().code(), Code::out_of_range);
   EXPECT_EQ(err.status().message(), "items.txt:3: too long");
 
-  PluginItem in = item("a.txt:1", std::string("bytes\0and more", 14));
+  const std::string bytes("bytes\0and more", 14);  // PluginItem::data views it: it must outlive `in`
+  PluginItem in = item("a.txt:1", bytes);
   in.source_offset = 99;
   in.source_line = 3;
   PluginItem out;
