@@ -1132,3 +1132,32 @@ TEST(Cli, ANonUtf8ExperimentFileNameRuns) {
   EXPECT_TRUE(manifest.good());
   std::filesystem::remove_all(dir);
 }
+
+// A run in a folder whose path is not UTF-8 can be resumed. The manifest records such a path with
+// U+FFFD in place of the bad bytes (JSON holds only UTF-8), and resume refused the finished run
+// because the prompts file's recorded path no longer matched its path.
+TEST(Cli, ARunInANonUtf8FolderResumes) {
+  const std::string dir = ::testing::TempDir() + "tessera_cli_caf\xE9." + std::to_string(getpid());
+  std::filesystem::create_directories(dir + "/generate_tiny");
+  std::filesystem::copy_file(kSrc + "configs/examples/generate_tiny/prompts.txt",
+                             dir + "/generate_tiny/prompts.txt");
+  // The vocabulary beside it is one of the files the manifest records by path and hash.
+  std::filesystem::copy_file(kSrc + "tests/data/text/chars.txt", dir + "/chars.txt");
+  std::ifstream in(kSrc + "configs/examples/generate_tiny.yaml");
+  std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"{tokenizer: bytes}", "{tokenizer: chars, vocab: chars.txt}"},
+           {"vocab_size: 259", "vocab_size: 78"},
+           {"stop_ids: [257]", "stop_ids: [2]"}}) {
+    ASSERT_NE(yaml.find(from), std::string::npos) << from;
+    yaml.replace(yaml.find(from), from.size(), to);
+  }
+  const std::string cfg = dir + "/tiny.yaml";
+  std::ofstream(cfg) << yaml;
+  const Ran r = run_cli("run --quiet '" + cfg + "' --out '" + dir + "/run'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Ran again = run_cli("run --quiet '" + cfg + "' --out '" + dir + "/run' --resume");
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_FALSE(has(again.err, "changed since the run started")) << again.err;
+  std::filesystem::remove_all(dir);
+}

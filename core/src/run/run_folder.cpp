@@ -53,6 +53,12 @@ std::string describe(const json& v) {
                      : v.is_object() ? "an object" : v.is_boolean() ? "true or false" : "null") + " (" + text + ")";
 }
 
+// A string as the manifest holds it once read back: JSON holds only UTF-8, so bytes that are not
+// (a file name in Latin-1) are written as U+FFFD. Resume compares paths in this form.
+std::string as_recorded(const std::string& s) {
+  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
 bool is_count(const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; }
 
 bool is_hash(const json& v) {
@@ -281,7 +287,7 @@ Status RunFolder::check_resume(const json& m, const RunOptions& opt, const Resum
   std::map<std::string, std::string> then_files;  // path -> hash
   for (const auto& f : m["files"]) then_files[f["path"].get<std::string>()] = f["hash"].get<std::string>();
   for (const RunIdentity::DataFile& f : id_.files) {
-    auto it = then_files.find(f.path);
+    auto it = then_files.find(as_recorded(f.path));
     if (it == then_files.end() || it->second != f.hash)
       return refuse("the file " + f.path + " (" + f.what + ")", it == then_files.end() ? "not recorded" : it->second, f.hash);
   }
