@@ -706,6 +706,13 @@ TEST(TextBadOption, MissingOrMisplacedFiles) {
   const TempFile empty("empty.txt", "");
   EXPECT_EQ(create_error("chars", {{"vocab", empty.path}}),
             "option vocab: " + empty.path + ": the file is empty");
+  // A file over 64 MiB is refused by its size, before a byte of it is read (the file is sparse).
+  const TempFile huge("huge.json", "{");
+  fs::resize_file(huge.path, (uint64_t{64} << 20) + 1);
+  EXPECT_EQ(create_error("bpe", {{"vocab", huge.path}, {"merges", kData + "vocab.bpe"}}),
+            "option vocab: cannot read " + huge.path +
+                ": the file is 67108865 bytes, over the 64 MiB a vocabulary file may have; name the "
+                "tokenizer's vocabulary file");
 }
 
 TEST(TextBadOption, OptionValues) {

@@ -53,6 +53,7 @@ struct VocabFile {
   std::string option;  // "vocab", "merges"
   std::string path;
   std::string data;
+  static constexpr uint64_t kMaxBytes = uint64_t{64} << 20;  // 64 MiB, checked before reading
   static VocabFile read(const std::string& option, const std::string& path);
   // Calls f(line number from 1, the line without "\n" or "\r\n", its byte offset) for each line.
   void for_each_line(const std::function<void(size_t, std::string_view, size_t)>& f) const;

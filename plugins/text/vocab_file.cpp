@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <sys/stat.h>
+
 #include "tessera/plugin.hpp"
 #include "tokenizer.h"
 
@@ -24,10 +26,28 @@ VocabFile VocabFile::read(const std::string& option, const std::string& path) {
                               "folder)",
                           option);
   }
+  // The size is checked before anything is read: a vocabulary is at most a few MiB (GPT-2's
+  // encoder.json is 1 MiB, a 256k-token SentencePiece vocab about 5 MiB), so a larger file is
+  // not a vocabulary and reading it whole would only cost memory.
+  struct stat st {};
+  if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > kMaxBytes) {
+    std::fclose(f);
+    tessera::plugin::fail(TSR_INVALID_ARGUMENT,
+                          "cannot read " + path + ": the file is " + std::to_string(st.st_size) +
+                              " bytes, over the " + std::to_string(kMaxBytes >> 20) +
+                              " MiB a vocabulary file may have; name the tokenizer's vocabulary file",
+                          option);
+  }
   VocabFile v{option, path, {}};
   char buf[1 << 16];
   size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) v.data.append(buf, got);
+  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    if (v.data.size() + got > kMaxBytes) {  // not a regular file (a pipe), or one that grew
+      std::fclose(f);
+      v.fail("more than " + std::to_string(kMaxBytes >> 20) + " MiB; a vocabulary file is smaller");
+    }
+    v.data.append(buf, got);
+  }
   const bool error = std::ferror(f) != 0;
   std::fclose(f);
   if (error) tessera::plugin::fail(TSR_IO_ERROR, "cannot read " + path + ": read error", option);
