@@ -39,6 +39,9 @@ struct NonFiniteScan {
   bool found() const { return index >= 0; }
 };
 NonFiniteScan find_nonfinite(const Tensor& t);
+// Whether t holds a NaN or an infinity: the same vectorised pass, over any view whose last axis is
+// dense without copying it.
+bool has_nonfinite(const Tensor& t);
 // "[1, 2]": the multi-index of row-major flat index `flat` in `shape`.
 std::string index_str(const Shape& shape, int64_t flat);
 // "NaN", "inf", "-inf".

@@ -98,8 +98,6 @@ NonFiniteScan find_nonfinite(const Tensor& t) {
   }
 }
 
-namespace {
-
 // Whether t holds a NaN or an infinity: the vectorised pass over dense data, row by row over a
 // view whose last axis is dense (attention's q, k, v are strided views of one buffer), so that
 // watching a forward pass copies nothing. Other layouts are made contiguous first.
@@ -119,8 +117,6 @@ bool has_nonfinite(const Tensor& t) {
   }
   return false;
 }
-
-}  // namespace
 
 std::string index_str(const Shape& shape, int64_t flat) {
   std::vector<int64_t> idx(static_cast<size_t>(shape.rank()));

@@ -8,6 +8,35 @@
 
 namespace tessera::run {
 
+Status open_encoders(const Experiment& exp, std::vector<std::shared_ptr<const Plugin>>* plugins,
+                     std::vector<std::vector<Encoder>>* encoders) {
+  if (exp.plugins.empty()) return Status::Invalid(exp.file + ": no plugins: list the modality plugins under plugins:");
+  Diagnostics diags;
+  check_plugins_fit(exp, &diags);
+  if (!diags.empty()) return Status::Invalid(diags.str());
+  for (const PluginConfig& pc : exp.plugins) {
+    Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
+    if (!p.ok()) return p.status();
+    plugins->push_back(*p);
+  }
+  const RuntimeConfig& rt = exp.runtime;
+  const ItemLimits limits{rt.max_item_bytes, rt.max_item_rows, rt.item_timeout_s, rt.worker_memory_mb};
+  encoders->resize(static_cast<size_t>(std::max(1, rt.workers)));
+  for (std::vector<Encoder>& per_worker : *encoders)
+    for (size_t i = 0; i < plugins->size(); ++i) {
+      Result<Encoder> e = Encoder::create((*plugins)[i], exp.plugins[i].options);
+      if (!e.ok()) return e.status();
+      per_worker.push_back(std::move(e).value());
+    }
+  // An item that crashes, hangs or floods a plugin becomes one bad item (docs/PLUGINS.md).
+  for (std::vector<Encoder>& per_worker : *encoders)
+    for (Encoder& e : per_worker) {
+      if (rt.isolate) TSR_RETURN_IF_ERROR(e.isolate(limits));
+      else e.limit(limits);
+    }
+  return Status::Ok();
+}
+
 Result<std::string> item_bytes(const ItemPart& p, int64_t max_bytes) {
   if (p.in_memory) return p.bytes;
   if (p.path.empty()) return p.text;

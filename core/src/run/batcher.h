@@ -34,6 +34,13 @@ uint64_t batch_content(const std::vector<uint64_t>& item_hashes);
 // else.
 Result<std::vector<TokenRows>> encode_part(Encoder& enc, const PluginItem& pi);
 
+// The experiment's plugins loaded and, for each of runtime.workers decoding threads, one encoder
+// per plugin: each in a worker process of its own (runtime.isolate; forked here, so call this
+// before the model starts its threads), or in-process under the same item limits.
+// encoders: [worker][plugin].
+Status open_encoders(const Experiment& exp, std::vector<std::shared_ptr<const Plugin>>* plugins,
+                     std::vector<std::vector<Encoder>>* encoders);
+
 class Batcher {
  public:
   // encoders: [worker][plugin]; workers decode the items of a batch side by side.

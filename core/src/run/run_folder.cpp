@@ -207,6 +207,45 @@ std::string file_hash(const std::string& path) {
   return hex64(h);
 }
 
+// What decides a run's outputs, hashed: the resolved experiment without where the outputs go and how
+// many threads decode; every parameter's bytes; the files behind the configuration's names (each
+// plugin's library and the files its options name, the class names).
+RunIdentity run_identity(const Experiment& exp, const Model& model,
+                         const std::vector<std::shared_ptr<const Plugin>>& plugins, int64_t items, int64_t batches) {
+  RunIdentity id;
+  Experiment canon = exp;
+  canon.outputs.dir.clear();
+  canon.runtime.workers = 0;
+  // Where and under which limits items are encoded does not change a finished item's outputs: a
+  // resume may raise a limit that refused an item.
+  canon.runtime.isolate = true;
+  canon.runtime.item_timeout_s = 0;
+  canon.runtime.worker_memory_mb = canon.runtime.max_item_bytes = canon.runtime.max_item_rows = 0;
+  const std::string yaml = to_yaml(canon);
+  id.config_hash = hex64(fnv1a(yaml.data(), yaml.size(), kFnvOffset));
+  uint64_t h = kFnvOffset;
+  for (const auto& [name, t] : model.parameters()) {
+    const Tensor c = t.contiguous();
+    h = fnv1a(c.raw_data(), c.nbytes(), fnv1a(name.data(), name.size(), h));
+  }
+  id.model_hash = hex64(h);
+  for (const PluginConfig& pc : exp.plugins) {
+    id.files.push_back({"plugin " + pc.name + "'s library", pc.file, file_hash(pc.file)});
+    for (size_t i = 0; i < pc.options.size() && i < pc.option_types.size(); ++i)
+      if (pc.option_types[i] == TSR_OPT_PATH && !pc.options[i].second.empty())
+        id.files.push_back({"plugin " + pc.name + "'s option " + pc.options[i].first, pc.options[i].second,
+                            file_hash(pc.options[i].second)});
+  }
+  if (!exp.task.labels.empty()) id.files.push_back({"task.labels", exp.task.labels, file_hash(exp.task.labels)});
+  for (const auto& p : plugins) id.plugins.push_back({p->name(), p->version(), p->modality()});
+  id.experiment = exp.file;
+  id.task = task_kind_name(exp.task.kind);
+  id.items = items;
+  id.batch_size = exp.runtime.batch_size;
+  id.batches = batches;
+  return id;
+}
+
 Status RunFolder::open(const RunOptions& opt, const ResumeHooks& hooks, bool with_attention) {
   std::error_code ec;
   fs::create_directories(dir_, ec);

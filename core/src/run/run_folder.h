@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "run_common.h"
+#include "tessera/model.h"
+#include "tessera/plugins.h"
 #include "tessera/run.h"
 
 namespace tessera::run {
@@ -35,6 +37,10 @@ struct RunIdentity {
 // A file's bytes hashed (a folder: each file below it, by name, in order), or, when it cannot be
 // read, a hash of why.
 std::string file_hash(const std::string& path);
+
+// A run's identity: the configuration, the model's weights, the plugins and the files they read.
+RunIdentity run_identity(const Experiment& exp, const Model& model,
+                         const std::vector<std::shared_ptr<const Plugin>>& plugins, int64_t items, int64_t batches);
 
 // What a resume asks of the other parts of the run.
 struct ResumeHooks {

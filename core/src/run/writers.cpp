@@ -447,4 +447,26 @@ Status Writers::prune_attention(const std::vector<std::string>& ids) const {
   return Status::Ok();
 }
 
+Result<std::vector<std::string>> class_names(const Experiment& exp) {
+  if (exp.task.kind != TaskKind::classify) return std::vector<std::string>{};
+  if (exp.task.labels.empty()) return exp.model.head.labels;
+  std::vector<std::string> names;
+  Result<std::string> text = read_file(exp.task.labels);
+  if (!text.ok()) return text.status();
+  std::string line;
+  for (char c : *text + "\n") {
+    if (c == '\n') {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!line.empty()) names.push_back(line);
+      line.clear();
+    } else {
+      line += c;
+    }
+  }
+  if (static_cast<int64_t>(names.size()) != exp.model.head.n_classes)
+    return Status::Invalid(exp.task.labels + ": " + std::to_string(names.size()) + " labels for " +
+                           std::to_string(exp.model.head.n_classes) + " classes (model.head.n_classes)");
+  return names;
+}
+
 }  // namespace tessera::run

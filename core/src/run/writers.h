@@ -69,6 +69,10 @@ class Writers {
   const Encoder* score_decoder_;
 };
 
+// The class names a classify task writes: task.labels (a file, one name per line) or
+// model.head.labels; empty for other tasks.
+Result<std::vector<std::string>> class_names(const Experiment& exp);
+
 // The rows of a sequence as rows.jsonl records them: role, position, token, provenance, plugin.
 json provenance_json(const Sequence& s);
 
