@@ -4,8 +4,12 @@
 // Whatever could abort runs in a child process: the built `tessera` binary, so that this suite
 // survives to report it.
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -105,6 +109,59 @@ Child start(const std::vector<std::string>& args) {
 }
 
 Ran run_tessera(const std::vector<std::string>& args) { return start(args).wait(); }
+
+// What a child does to itself before it becomes `tessera`.
+struct Confinement {
+  rlim_t max_file_bytes = RLIM_INFINITY;  // RLIMIT_FSIZE: a write past it fails, as on a full disk
+  bool obey_permissions = false;          // root too is refused what a file's mode forbids
+};
+constexpr int kCannotConfine = 77;  // the child's exit code when it could not confine itself
+
+// `tessera ARGS...` run to its end in a confined child (fork, then only async-signal-safe calls).
+// Root normally writes into any folder: with obey_permissions it gives up, for itself and what it
+// executes, the capabilities that pass over a file's mode (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH,
+// CAP_FOWNER), so that a read-only folder is read-only to it as to anyone.
+Ran run_confined(const std::vector<std::string>& args, const Confinement& c) {
+  static int calls = 0;
+  const std::string base = ::testing::TempDir() + "tessera_faults_cio." + std::to_string(getpid()) + "." + std::to_string(calls++);
+  std::vector<std::string> argv_s = {kTessera};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string out = base + ".out", err = base + ".err";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(kCannotConfine);
+    const struct rlimit lim = {c.max_file_bytes, c.max_file_bytes};
+    if (c.max_file_bytes != RLIM_INFINITY && setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(kCannotConfine);
+    if (c.obey_permissions && geteuid() == 0)
+      for (int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER})
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) _exit(kCannotConfine);
+    execve(kTessera.c_str(), argv.data(), environ);
+    _exit(kCannotConfine);
+  }
+  Ran r;
+  int st = 0;
+  if (pid > 0 && waitpid(pid, &st, 0) == pid) r.code = decode_status(st);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  fs::remove(out);
+  fs::remove(err);
+  return r;
+}
+
+// Every file and folder below and at `dir` made read-only (true), or writable again by its owner.
+void set_read_only(const std::string& dir, bool on) {
+  std::vector<fs::path> paths = {dir};
+  for (const auto& f : fs::recursive_directory_iterator(dir)) paths.push_back(f.path());
+  for (const fs::path& p : paths)
+    fs::permissions(p, on ? fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write
+                          : fs::perms::owner_write,
+                    on ? fs::perm_options::remove : fs::perm_options::add);
+}
 
 // The run folder's manifest, or null while there is none.
 json manifest(const std::string& dir) {
@@ -540,3 +597,99 @@ TEST(Numerics, NonFiniteOutputsMakeTheItemBad) {
   }
   fs::remove_all(d);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A full disk and a read-only folder
+
+// Items whose rows grow with their number, so that a shard grows with its batch number: a limit
+// on a file's size is then reached part-way through the run, after some batches are done.
+std::string growing_experiment(const std::string& dir) {
+  std::string text;
+  for (int i = 0; i < 48; ++i) text += "item " + std::to_string(i) + " " + std::string(static_cast<size_t>(8 + 8 * i), 'a' + i % 26) + "\n";
+  const std::string exp = experiment_file(dir, 1, "{batch_size: 4}");
+  write(dir + "/lines.txt", text);
+  return exp;
+}
+
+// A write that fails for want of room (a file past RLIMIT_FSIZE fails with EFBIG, as one on a full
+// disk fails with ENOSPC: the same failing write) ends the run with exit 1 and the file named. The
+// batches done before it stay done, no temporary file is left, and a resume with room finishes the
+// run with the bytes of a run that never failed. The first limit is reached by a shard part-way
+// through the run, the second by a merged output after every batch is done.
+TEST(RunFolder, AFullDiskEndsTheRunWithExit1AndTheRunResumes) {
+  const std::string d = temp_dir("full");
+  const std::string exp = growing_experiment(d);
+  ASSERT_EQ(run_tessera({"run", exp, "--out", d + "/ref", "--quiet"}).code, 0);
+  const rlim_t merged_rows = fs::file_size(d + "/ref/rows.jsonl");
+  struct Case {
+    std::string name;
+    rlim_t limit;
+    size_t min_done, max_done;  // batches kept when the write failed
+  };
+  for (const Case& c : {Case{"shard", 16384, 1, 11}, Case{"merge", merged_rows / 2, 12, 12}}) {
+    SCOPED_TRACE(c.name);
+    const std::string out = d + "/" + c.name;
+    Confinement lim;
+    lim.max_file_bytes = c.limit;
+    const Ran r = run_confined({"run", exp, "--out", out, "--quiet"}, lim);
+    ASSERT_NE(r.code, kCannotConfine) << r.err;
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find(out + "/"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("cannot write"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("continue with --resume"), std::string::npos) << r.err;
+    EXPECT_NE(manifest(out).value("state", ""), "complete");
+    EXPECT_GE(batches_done(out), c.min_done);
+    EXPECT_LE(batches_done(out), c.max_done);
+    EXPECT_TRUE(temporaries(out).empty()) << temporaries(out)[0];
+    const Ran resumed = run_tessera({"run", exp, "--out", out, "--quiet", "--resume"});
+    EXPECT_EQ(resumed.code, 0) << resumed.err;
+    expect_same_outputs(d + "/ref", out);
+  }
+  fs::remove_all(d);
+}
+
+// A run folder that cannot be written is refused with exit 1, naming the folder and the reason,
+// and nothing in it changes: a new run under a read-only folder, the resume of a stopped run in a
+// read-only folder. Once the folder is writable again, the resume finishes the run.
+TEST(RunFolder, AReadOnlyFolderIsRefusedAndLeftAsItWas) {
+  const std::string d = temp_dir("readonly");
+  const std::string exp = experiment_file(d, 24, "{batch_size: 2}");
+  ASSERT_EQ(run_tessera({"run", exp, "--out", d + "/ref", "--quiet"}).code, 0);
+  Confinement obey;
+  obey.obey_permissions = true;
+
+  // A new run in a folder below a read-only one.
+  fs::create_directories(d + "/locked");
+  set_read_only(d + "/locked", true);
+  const Ran fresh = run_confined({"run", exp, "--out", d + "/locked/run", "--quiet"}, obey);
+  set_read_only(d + "/locked", false);
+  if (fresh.code == kCannotConfine) GTEST_SKIP() << "cannot give up root's permission overrides here";
+  EXPECT_EQ(fresh.code, 1) << fresh.err;
+  EXPECT_NE(fresh.err.find(d + "/locked/run"), std::string::npos) << fresh.err;
+  EXPECT_NE(fresh.err.find("Permission denied"), std::string::npos) << fresh.err;
+  EXPECT_FALSE(fs::exists(d + "/locked/run"));
+
+  // A stopped run, its folder then made read-only.
+  const std::string out = d + "/stopped";
+  killed_run(exp, out, 3);
+  std::map<std::string, std::string> before;
+  for (const auto& f : fs::recursive_directory_iterator(out))
+    if (f.is_regular_file()) before[f.path().string()] = slurp(f.path().string());
+  set_read_only(out, true);
+  const Ran resumed = run_confined({"run", exp, "--out", out, "--quiet", "--resume"}, obey);
+  set_read_only(out, false);
+  EXPECT_EQ(resumed.code, 1) << resumed.err;
+  EXPECT_NE(resumed.err.find(out), std::string::npos) << resumed.err;
+  EXPECT_NE(resumed.err.find("Permission denied"), std::string::npos) << resumed.err;
+  EXPECT_NE(resumed.err.find("continue with --resume"), std::string::npos) << resumed.err;
+  std::map<std::string, std::string> after;
+  for (const auto& f : fs::recursive_directory_iterator(out))
+    if (f.is_regular_file()) after[f.path().string()] = slurp(f.path().string());
+  EXPECT_EQ(before, after);
+  const Ran again = run_tessera({"run", exp, "--out", out, "--quiet", "--resume"});
+  EXPECT_EQ(again.code, 0) << again.err;
+  expect_same_outputs(d + "/ref", out);
+  fs::remove_all(d);
+}
+

@@ -90,6 +90,9 @@ int run_run(const RunArgs& a) {
   if (!r.ok()) {
     std::fprintf(stderr, "tessera run: %s\n", r.status().message().c_str());
     const Code c = r.status().code();
+    if (c == Code::io_error)  // a full disk, a read-only folder: the batches written stay written
+      std::fprintf(stderr, "tessera run: the batches finished before this are kept; once the run folder can be "
+                           "written (free space, write permission), continue with --resume\n");
     return c == Code::internal || c == Code::io_error ? kExitFailure : kExitBadInput;
   }
   const RunSummary& s = *r;

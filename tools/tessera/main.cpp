@@ -3,6 +3,7 @@
 // valid name. Results go to stdout, logs and errors to stderr; exit codes: 0 ok, 1 failure, 2 bad
 // input (usage errors included). Bare `tessera` prints the help, with examples, and exits 0.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -175,6 +176,9 @@ void add_schema_command(CLI::App& app, std::function<int()>* run) {
 int main(int argc, char** argv) {
   using namespace tessera::cli;
   std::set_terminate(on_terminate);
+  // A file that reaches the size limit (ulimit -f) is a write that fails with EFBIG, reported with
+  // the file like a full disk, instead of a process killed by SIGXFSZ with nothing said.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"tessera: transformers over any modality, on oneDNN", "tessera"};
   // Arguments no option or subcommand takes are kept (subcommands inherit this) and reported by
   // check_unplaced with the nearest name, instead of CLI11's "arguments were not expected".
