@@ -1079,6 +1079,32 @@ TEST(Cli, AnAddressSpaceLimitIsPartOfTheMemoryPlan) {
       << r.err;
 }
 
+// Training is planned too: gradients, the optimizer's state and every layer's activations. Under a
+// 1.5 GB address-space limit a BERT-base body (86 M parameters, whose inference plan of 0.4 GiB
+// fits) is refused by `tessera train` before any data is read, with both numbers; `tessera check`
+// shows the same plan.
+TEST(Cli, TrainingIsCheckedAgainstTheMachinesMemory) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer cannot start under an address-space limit (its shadow memory needs it)";
+#endif
+  const std::string out = ::testing::TempDir() + "tessera_cli_train_oom." + std::to_string(getpid());
+  const std::string args = "configs/bench/bert_base_train.yaml --set data.path=" + kSrc +
+                           "tests/data/kjv/ruth_jonah.txt --set model.positions.max_len=512";
+  const auto t0 = std::chrono::steady_clock::now();
+  const Ran r = run_cli_limited(1500000, "train " + args + " --out " + out);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "training the model needs 2.0 GiB")) << r.err;
+  EXPECT_TRUE(has(r.err, "(weights 326.7 MiB + gradients, working copy and optimizer state 1.3 GiB + activations "))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "micro-batch (train.batch_size / train.accumulate)")) << r.err;
+  EXPECT_LT(seconds, 20.0) << "the refusal must come before the data is read";
+  const Ran check = run_cli("check " + args);
+  EXPECT_EQ(check.code, 0) << check.err;
+  EXPECT_TRUE(has(check.out, "memory to train              2.0 GiB  (AdamW, micro-batch 8 x 128 rows)")) << check.out;
+  std::filesystem::remove_all(out);
+}
+
 // Memory that runs out where the plan did not foresee it (here the logits of a long --ids input
 // over a large vocabulary: 100 rows x 10^6 tokens x 4 bytes, under a 300 MB address-space limit)
 // ends in exit 1 and one line saying so, never an abort or a signal. Before: abort (exit 134).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "tessera/machine.h"
 #include "tessera/run.h"
 
 #include "commands.h"
@@ -131,6 +132,15 @@ int run_check(const CheckArgs& a) {
                                               static_cast<double>(e.model.n_heads * e.model.n_layers)) +
                                         "  (n^2 x " + std::to_string(e.model.n_heads) + " heads x " +
                                         std::to_string(e.model.n_layers) + " layers)"}};
+  if (e.train.objective != Objective::auto_detect) {  // what `tessera train` will check against the machine
+    const TrainConfig& tc = e.train;
+    const int64_t micro = std::max<int64_t>(1, tc.batch_size / std::max<int64_t>(1, tc.accumulate));
+    const bool adamw = tc.optimizer == OptimizerKind::adamw;
+    const MemoryPlan tp = training_memory_plan(e.model, tc.seq_len > 0 ? tc.seq_len : T, micro, adamw ? 2 : 1);
+    rows.push_back({"memory to train", fmt_bytes(static_cast<double>(tp.total)) + "  (" +
+                                           std::string(adamw ? "AdamW" : "SGD") + ", micro-batch " +
+                                           std::to_string(micro) + " x " + std::to_string(tp.rows) + " rows)"});
+  }
   std::printf("%s", table(rows, 0).c_str());
   std::printf("# FLOPs per item by part\n");
   rows.clear();

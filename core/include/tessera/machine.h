@@ -33,10 +33,18 @@ MachineMemory machine_memory();
 struct MemoryPlan {
   int64_t rows = 0, batch = 0;
   int64_t weights = 0;      // the parameters as stored (make_plan's parameter_bytes)
-  int64_t activations = 0;  // make_plan's activation_bytes_per_item x batch
-  int64_t total = 0;        // weights + activations
+  int64_t activations = 0;  // make_plan's activation_bytes_per_item x batch (training: x n_layers)
+  int64_t training = 0;     // training only: gradients, the weights' working copy, optimizer state
+  int64_t total = 0;        // weights + training + activations
 };
 MemoryPlan memory_plan(const ModelConfig& model, int64_t rows, int64_t batch);
+
+// What training the model needs, for micro-batches of `batch` items of `rows` rows: f32 master
+// weights, their gradients and the forward pass's working copy of them, `optimizer_states` f32
+// values per parameter (AdamW 2, SGD 1), and
+// every block's activations kept for the backward pass, plus the LM head's logits and their
+// gradient.
+MemoryPlan training_memory_plan(const ModelConfig& model, int64_t rows, int64_t batch, int optimizer_states);
 
 // Ok when the plan fits (or the available memory is unknown); else out_of_range with both numbers,
 // what makes up the plan, and what to do.

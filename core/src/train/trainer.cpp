@@ -17,6 +17,7 @@
 
 #include "tessera/checkpoint.h"
 #include "tessera/fileio.h"
+#include "tessera/machine.h"
 #include "tessera/optim.h"
 #include "tessera/plugin.h"
 #include "tessera/plugins.h"
@@ -789,6 +790,14 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     return Status::Invalid("train: the model has neither a classifier nor an LM head (model.head.kind is " +
                            std::string(head_kind_name(c.head.kind)) + "): nothing to train it for");
   if (exp.data.path.empty()) return Status::Invalid("train: the experiment has no data.path");
+  // A model the machine cannot train is refused before anything is read or allocated. Items'
+  // rows are not known before encoding: the plan takes train.seq_len (else bench.seq_len).
+  {
+    const int64_t micro = std::max<int64_t>(1, tc.batch_size / std::max<int64_t>(1, tc.accumulate));
+    const MemoryPlan plan = training_memory_plan(c, tc.seq_len > 0 ? tc.seq_len : exp.bench.seq_len, micro,
+                                                 tc.optimizer == OptimizerKind::adamw ? 2 : 1);
+    if (Status st = check_memory(plan, machine_memory()); !st.ok()) return st.with_prefix("train: " + exp.file);
+  }
   const bool lm = tc.objective == Objective::lm;
   TrainSummary sum;
   sum.dir = opt.out_dir.empty() ? exp.outputs.dir : opt.out_dir;
