@@ -6,22 +6,11 @@
 #include "fuzz_util.h"
 #include "tessera/run.h"
 
-namespace {
-tessera::Encoder make(std::map<std::string, std::string> o) {
-  auto p = fuzz::plugin("protein");
-  auto e = tessera::Encoder::create(p, fuzz::options(*p, o));
-  if (!e.ok()) {
-    fprintf(stderr, "%s\n", e.status().message().c_str());
-    std::abort();
-  }
-  return std::move(e).value();
-}
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const tessera::Encoder esm = make({});
-  static const tessera::Encoder residues =
-      make({{"tokenizer", "residues"}, {"uppercase", "true"}, {"length_policy", "windows"}, {"max_length", "64"}, {"stride", "16"}});
+  static const tessera::Encoder esm = fuzz::encoder("protein", {});
+  static const tessera::Encoder residues = fuzz::encoder(
+      "protein", {{"tokenizer", "residues"}, {"uppercase", "true"}, {"length_policy", "windows"},
+                  {"max_length", "64"}, {"stride", "16"}});
   const std::string file = fuzz::scratch() + "/in.fasta";
   fuzz::write(file, std::string_view(reinterpret_cast<const char*>(data), size));
   tessera::DataConfig dc;

@@ -8,23 +8,8 @@
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const tessera::Encoder enc = [] {
-    auto p = fuzz::plugin("image");
-    auto e = tessera::Encoder::create(
-        p, fuzz::options(*p, {{"image_size", "32,32"}, {"patch_size", "16"}, {"picture_size", "64"},
-                              {"max_pixels", "16777216"}}));
-    if (!e.ok()) {
-      fprintf(stderr, "%s\n", e.status().message().c_str());
-      std::abort();
-    }
-    return std::move(e).value();
-  }();
-  tessera::PluginItem item{"fuzz", "fuzz.img", std::string_view(reinterpret_cast<const char*>(data), size)};
-  auto rows = enc.encode(item);
-  if (!rows.ok()) {
-    if (rows.status().message().empty()) std::abort();
-    return 0;
-  }
-  for (const auto& r : *rows) fuzz::touch(r.features.raw_data(), r.features.nbytes());
+  static const tessera::Encoder enc = fuzz::encoder(
+      "image", {{"image_size", "32,32"}, {"patch_size", "16"}, {"picture_size", "64"}, {"max_pixels", "16777216"}});
+  fuzz::encode_file_bytes(enc, "fuzz.img", data, size);
   return 0;
 }

@@ -77,12 +77,36 @@ inline std::vector<std::pair<std::string, std::string>> options(const tessera::P
   return out;
 }
 
+// An encoder of a plugin with these options set (the others at their defaults); a harness whose
+// own options are refused is broken, not a finding.
+inline tessera::Encoder encoder(const std::string& plugin_name, const std::map<std::string, std::string>& given) {
+  auto p = plugin(plugin_name);
+  auto e = tessera::Encoder::create(p, options(*p, given));
+  if (!e.ok()) {
+    fprintf(stderr, "%s\n", e.status().message().c_str());
+    std::abort();
+  }
+  return std::move(e).value();
+}
+
 // Reads every byte of a buffer, so that a view past its end shows up under ASan.
 inline uint64_t touch(const void* data, size_t n) {
   const auto* b = static_cast<const volatile uint8_t*>(data);
   uint64_t s = 0;
   for (size_t i = 0; i < n; ++i) s += b[i];
   return s;
+}
+
+// The input's bytes as one item for a plugin that reads whole files: rows the host accepts (each
+// read to its last byte), or a refusal that says why.
+inline void encode_file_bytes(const tessera::Encoder& enc, const std::string& file, const uint8_t* data, size_t size) {
+  tessera::PluginItem item{"fuzz", file, std::string_view(reinterpret_cast<const char*>(data), size)};
+  auto rows = enc.encode(item);
+  if (!rows.ok()) {
+    if (rows.status().message().empty()) std::abort();
+    return;
+  }
+  for (const auto& r : *rows) touch(r.features.raw_data(), r.features.nbytes());
 }
 
 }  // namespace fuzz
