@@ -230,6 +230,10 @@ TEST(HostileHf, ConfigJsonOfTheWrongShape) {
   Folder t("gpt2", "type");
   t.set("config.json", "model_type", json::array({"gpt2"}));
   expect_refused(import(t), "config.json: key \"model_type\": expected a string, found an array of 1 value");
+  // Found by the hf_folder fuzzer: an empty model_type was refused with no message at all.
+  Folder u("gpt2", "empty_type");
+  u.set("config.json", "model_type", "");
+  expect_refused(import(u), "config.json: \"model_type\" is empty; Tessera knows ");
   Folder h("esm", "config3");
   h.set("config.json", "intermediate_size", "64");  // used to go on with 0 and list every tensor
   expect_refused(import(h),

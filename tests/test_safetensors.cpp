@@ -372,6 +372,10 @@ TEST(SafetensorsRule, HeaderNotJson) {
   EXPECT_EQ(s.code(), Code::parse_error);
   EXPECT_THAT(s.message(), StartsWith("bad.safetensors: header is not valid JSON at file byte 13: "));
   EXPECT_THAT(refusal("{\"\xff\":1}", "").message(), HasSubstr("header is not valid JSON"));  // not UTF-8
+  // A number beyond a double (fuzz regression safetensors/json-number-overflow): nlohmann's
+  // out_of_range used to escape as std::terminate.
+  EXPECT_THAT(refusal("{\"__metadata__\":{\"a\":1e400}}", "").message(),
+              HasSubstr("bad.safetensors: header is not valid JSON for Tessera: number overflow parsing '1e400'"));
 }
 
 TEST(SafetensorsRule, HeaderNotAnObject) {

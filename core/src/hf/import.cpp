@@ -393,8 +393,10 @@ std::optional<Folder> import_folder(const std::string& dir_in, const ImportOptio
   const Json J{&c, &cfg, cfg_path};
   const std::string raw_type = J.s("model_type", "");
   if (raw_type.empty()) {
-    if (!J.find("model_type"))  // else J.s has named its type
-      c.err(cfg_path + ": no \"model_type\"; Tessera knows " + join_list(known_families()));
+    const json* given = J.find("model_type");
+    if (!given) c.err(cfg_path + ": no \"model_type\"; Tessera knows " + join_list(known_families()));
+    else if (given->is_string())  // else J.s has named its type
+      c.err(cfg_path + ": \"model_type\" is empty; Tessera knows " + join_list(known_families()));
     return std::nullopt;
   }
   const FamilyReader* reader = find_reader(raw_type);
