@@ -11,39 +11,18 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "process_util.h"
 #include "tessera/npy.h"
 #include "tessera/random.h"
 
 namespace {
 
-const std::string kTessera = std::string(TESSERA_BINARY_DIR) + "/tessera";
 const std::string kSrc = std::string(TESSERA_SOURCE_DIR) + "/";
 constexpr int kExitDriftTooLarge = 3;
 
-struct Ran {
-  int code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using Ran = tessera::testing_util::CliRun;
 
-Ran run_cli(const std::string& args) {
-  static int calls = 0;  // one file per process and call: ctest runs these tests side by side
-  const std::string err_file = ::testing::TempDir() + "tessera_drift_stderr." + std::to_string(getpid()) + "." +
-                               std::to_string(calls++) + ".txt";
-  const std::string cmd = "cd " + kSrc + " && " + kTessera + " " + args + " 2>" + err_file;
-  Ran r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream f(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  std::remove(err_file.c_str());
-  return r;
-}
+Ran run_cli(const std::string& args) { return tessera::testing_util::run_tessera_cli(args); }
 
 // Runs of spaces count as one, so that table column widths do not matter.
 std::string squash(const std::string& s) {

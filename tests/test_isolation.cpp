@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "plugins/workers.h"
+#include "process_util.h"
 #include "tessera/config.h"
 #include "tessera/plugins.h"
 #include "tessera/run.h"
@@ -477,34 +478,19 @@ static std::string run_hostile_lines(const std::string& name, const std::string&
   Diagnostics d;
   std::optional<Experiment> e = load_experiment_from_string(yaml, "exp.yaml", dir, {}, &d);
   if (!e) return "config: " + d.str();
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  // Forked from a fresh thread: this thread ran OpenMP (an earlier test), and a child of it would
-  // hang in the model's first parallel region.
-  pid_t pid = -1;
-  std::thread([&] {
-    pid = ::fork();
-    if (pid != 0) return;
-    ::close(fds[0]);
+  const testing_util::ChildRun child = testing_util::run_in_child([&] {
     RunOptions o;
     o.out_dir = dir + "/run";
     o.progress = false;
     Result<RunSummary> r = run_experiment(*e, o);
-    const std::string m = r.ok() ? "items " + std::to_string(r->items) + " failed " + std::to_string(r->failed) +
-                                       " sequences " + std::to_string(r->sequences)
-                                 : "error: " + r.status().message();
-    if (::write(fds[1], m.data(), m.size()) < 0) ::_exit(2);
-    ::_exit(0);
-  }).join();
-  ::close(fds[1]);
-  std::string got;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status))
-    got = std::string("died: ") + (WIFSIGNALED(status) ? plugin_workers::signal_description(WTERMSIG(status)) : "?");
+    return r.ok() ? "items " + std::to_string(r->items) + " failed " + std::to_string(r->failed) + " sequences " +
+                        std::to_string(r->sequences)
+                  : "error: " + r.status().message();
+  });
+  std::string got = child.text;
+  if (!child.exited())
+    got = std::string("died: ") +
+          (WIFSIGNALED(child.status) ? plugin_workers::signal_description(WTERMSIG(child.status)) : "?");
   *errors = fs::exists(dir + "/run/errors.jsonl") ? read_file(dir + "/run/errors.jsonl") : std::string();
   fs::remove_all(dir);
   return got;

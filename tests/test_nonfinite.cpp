@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 
+#include "process_util.h"
 #include "test_models.h"
 #include "test_util.h"
 #include "tessera/config.h"
@@ -59,30 +60,10 @@ ModelConfig with_file(const std::string& file, const std::string& bad, int64_t i
   return c;
 }
 
-struct Ran {
-  int code = -1;
-  std::string out, err;
-};
+using Ran = tessera::testing_util::CliRun;
 
 // The built `tessera` binary, as a user runs it (a crash shows as code -1, not as this test's death).
-Ran run_cli(const std::string& args) {
-  static int calls = 0;
-  const std::string err_file = temp_path("stderr." + std::to_string(calls++));
-  const std::string cmd = std::string("cd ") + TESSERA_SOURCE_DIR + " && " + TESSERA_BINARY_DIR + "/tessera " +
-                          args + " 2>" + err_file;
-  Ran r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream f(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  std::remove(err_file.c_str());
-  return r;
-}
+Ran run_cli(const std::string& args) { return tessera::testing_util::run_tessera_cli(args); }
 
 std::string rows_file(const std::string& name, const std::vector<float>& v, Shape shape = {3, 3}) {
   const std::string path = temp_path(name + ".npy");

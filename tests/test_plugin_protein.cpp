@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "process_util.h"
 #include "tessera/plugins.h"
 
 using namespace tessera;
@@ -804,34 +805,16 @@ TEST(ProteinLimits, ASixMillionResidueProteinIsRefusedQuicklyWithoutAllocatingGi
     fasta += letters[i % letters.size()];
     if (i % 60 == 59) fasta += '\n';
   }
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
   const auto t0 = std::chrono::steady_clock::now();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    unsigned long long pages = 0;
-    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
-      std::fclose(f);
-    }
-    rlimit r{};
-    r.rlim_cur = r.rlim_max = pages * static_cast<unsigned long long>(::sysconf(_SC_PAGESIZE)) + (512ull << 20);
-    ::setrlimit(RLIMIT_AS, &r);
-    auto out = e.encode(text_item("big.fasta#1", "big.fasta", fasta, 1));
-    const std::string m = out.ok() ? "ok: " + std::to_string(out->size()) + " windows" : out.status().message();
-    if (::write(fds[1], m.data(), m.size()) < 0) ::_exit(2);
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string got;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  const testing_util::ChildRun child = testing_util::run_in_child(
+      [&] {
+        auto out = e.encode(text_item("big.fasta#1", "big.fasta", fasta, 1));
+        return out.ok() ? "ok: " + std::to_string(out->size()) + " windows" : out.status().message();
+      },
+      512ull << 20);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  ASSERT_TRUE(child.exited()) << "the child died: status " << child.status;
+  const std::string& got = child.text;
   EXPECT_EQ(got,
             "big.fasta:1:1: big.fasta#1 (record big): 6000000 tokens make 11741 windows of 1022 every 511, more than "
             "max_windows 2048 (the limit on windows per item): raise max_windows (0: no limit), a longer stride, or "

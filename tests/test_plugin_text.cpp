@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "pretokenize.h"
+#include "process_util.h"
 #include "tessera/plugins.h"
 #include "unicode.h"
 
@@ -880,33 +881,15 @@ TEST(TextLimits, A64MiBLineIsRefusedQuicklyWithoutAllocatingGigabytes) {
   // Before the limit, tokenizing a 64 MiB line took 5.9 GB and ended as "out of memory". In a child
   // whose address space may grow by 512 MiB only, the default limit refuses it before allocating.
   const Encoder e = encoder("bpe");
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string line(size_t{64} << 20, 'a');
-    unsigned long long pages = 0;
-    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
-      std::fclose(f);
-    }
-    rlimit r{};
-    r.rlim_cur = r.rlim_max = pages * static_cast<unsigned long long>(::sysconf(_SC_PAGESIZE)) + (512ull << 20);
-    ::setrlimit(RLIMIT_AS, &r);
-    auto out = e.encode(item(line, "big.txt:1"));
-    const std::string m = out.ok() ? "ok" : out.status().message();
-    if (::write(fds[1], m.data(), m.size()) < 0) ::_exit(2);
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string got;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  const testing_util::ChildRun child = testing_util::run_in_child(
+      [&] {
+        std::string line(size_t{64} << 20, 'a');
+        auto out = e.encode(item(line, "big.txt:1"));
+        return out.ok() ? std::string("ok") : out.status().message();
+      },
+      512ull << 20);
+  ASSERT_TRUE(child.exited()) << "the child died: status " << child.status;
+  const std::string& got = child.text;
   EXPECT_EQ(got,
             "big.txt:1: 67108864 bytes of text, more than max_bytes 4194304 (the text plugin's limit on one item): "
             "split the text into smaller items (lines), or raise max_bytes (0: no limit)");

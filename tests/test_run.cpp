@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "run/heatmap.h"
+#include "test_util.h"
 #include "tessera/fileio.h"
 #include "tessera/npy.h"
 #include "tessera/run.h"
@@ -31,19 +32,9 @@ const std::string kPluginDir = TESSERA_TEST_PLUGIN_DIR;
 // on the same machine at the same time.
 std::string build_tag() { return "_" + std::to_string(std::hash<std::string>{}(TESSERA_BINARY_DIR)); }
 
-std::string temp_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "tessera_run_" + name + "_" + std::to_string(getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+std::string temp_dir(const std::string& name) { return testing_util::fresh_temp_dir("tessera_run_" + name); }
+void write(const std::string& path, const std::string& text) { testing_util::write_text(path, text); }
+using testing_util::slurp;
 
 // A small embedding experiment over `data` with the probe plugin (bytes as ids).
 Experiment experiment(const std::string& dir, const std::string& data, const std::string& extra = "") {

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "run/batcher.h"
+#include "test_util.h"
 #include "tessera/npy.h"
 #include "tessera/run.h"
 
@@ -37,19 +38,9 @@ namespace {
 const std::string kTessera = std::string(TESSERA_BINARY_DIR) + "/tessera";
 const std::string kPluginDir = TESSERA_TEST_PLUGIN_DIR;
 
-std::string temp_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "tessera_faults_" + name + "_" + std::to_string(getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+std::string temp_dir(const std::string& name) { return testing_util::fresh_temp_dir("tessera_faults_" + name); }
+void write(const std::string& path, const std::string& text) { testing_util::write_text(path, text); }
+using testing_util::slurp;
 
 // An embedding experiment over `lines` lines of text with the probe plugin (bytes as ids), as a
 // YAML file in `dir`. Lines containing FAIL are bad items.

@@ -3,10 +3,14 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -132,5 +136,23 @@ struct ThreadCount {
   int saved = num_threads();
   ~ThreadCount() { set_num_threads(saved); }
 };
+
+// An empty folder of this process's own: TempDir()/<name>_<pid>, emptied if it was there.
+inline std::string fresh_temp_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + name + "_" + std::to_string(getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// A file's bytes ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
 
 }  // namespace tessera::testing_util
