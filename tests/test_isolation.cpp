@@ -522,6 +522,35 @@ TEST(IsolationRun, TheRuntimeKeysSetTheLimits) {
   EXPECT_TRUE(contains(errors, "threw a C++ exception out of encode()")) << errors;
 }
 
+// Training encodes its data set through the same worker processes: before, the SEGV line killed
+// `tessera train` (and every --resume would have replayed it); now the three hostile lines are bad
+// items, reported, and training goes on over the others.
+TEST(IsolationTrain, HostileItemsAreBadItemsAndTrainingGoesOn) {
+  const std::string dir = ::testing::TempDir() + "tessera_isolation_train_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::string lines;
+  for (int i = 0; i < 40; ++i) {
+    lines += "a line of ordinary text number " + std::to_string(i) + "\n";
+    if (i == 5) lines += "SEGV here\n";
+    if (i == 15) lines += "ABORT now\n";
+    if (i == 25) lines += "THROW it\n";
+  }
+  std::ofstream(dir + "/lines.txt") << lines;
+  std::ofstream(dir + "/exp.yaml") << "plugins:\n  - name: hostile\n    path: " + kTestPlugins +
+                                          "\nmodel:\n  arch: decoder\n  d_model: 16\n  n_heads: 2\n  n_layers: 1\n"
+                                          "  stem: {kind: tokens, vocab_size: 300}\n"
+                                          "  positions: {kind: learned, max_len: 64}\n  head: {kind: lm, tied: true}\n"
+                                          "data: {path: lines.txt}\n"
+                                          "train: {seq_len: 16, batch_size: 2, max_steps: 2, validation: 0.1}\n";
+  const testing_util::CliRun r = testing_util::run_tessera_cli("train " + dir + "/exp.yaml --out " + dir + "/run");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "train: 3 item(s) could not be read: ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "SIGSEGV") || contains(r.err, "exited with status")) << r.err;
+  EXPECT_TRUE(fs::exists(dir + "/run/best.safetensors")) << r.err;
+  fs::remove_all(dir);
+}
+
 // ---- A developer measurement (not run by ctest) ---------------------------------------------------
 // In-process against worker encoding of a folder of JPEGs (tools/reference/make_jpeg_set.py makes the
 // 1,000 of docs/PERFORMANCE.md):

@@ -78,8 +78,9 @@ struct PluginInput {
 };
 Result<std::vector<DataItem>> read_dataset(const DataConfig& data, const std::vector<PluginInput>& plugins);
 
-// The bytes one part of an item hands its plugin: the whole file, or the text span.
-Result<std::string> item_part_bytes(const ItemPart& part);
+// The bytes one part of an item hands its plugin: the whole file, or the text span. `max_bytes`
+// > 0: a part larger than that is refused, naming runtime.max_item_bytes, before it is read.
+Result<std::string> item_part_bytes(const ItemPart& part, int64_t max_bytes = 0);
 
 // ---------------------------------------------------------------------------------------------
 // Runs

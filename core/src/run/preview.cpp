@@ -118,7 +118,7 @@ void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
                "give at least one per plugin");
 }
 
-Result<std::string> item_part_bytes(const ItemPart& part) { return item_bytes(part); }
+Result<std::string> item_part_bytes(const ItemPart& part, int64_t max_bytes) { return item_bytes(part, max_bytes); }
 
 Result<DatasetPreview> preview_dataset(const Experiment& exp, int64_t max_items) {
   std::vector<std::shared_ptr<const Plugin>> plugins;

@@ -71,7 +71,15 @@ Result<Source> open_plugin(const Experiment& exp) {
   if (!p.ok()) return p.status();
   Result<Encoder> e = Encoder::create(*p, exp.plugins[0].options);
   if (!e.ok()) return e.status();
-  return Source{*p, std::move(e).value()};
+  Source src{*p, std::move(e).value()};
+  // As in a batch run: the plugin encodes in a worker process under the item limits, so that an
+  // item that crashes, hangs or floods it is one bad item, not the end of training (and of every
+  // --resume after it). Called before the model starts its threads.
+  const RuntimeConfig& rt = exp.runtime;
+  const ItemLimits limits{rt.max_item_bytes, rt.max_item_rows, rt.item_timeout_s, rt.worker_memory_mb};
+  if (rt.isolate) TSR_RETURN_IF_ERROR(src.encoder.isolate(limits));
+  else src.encoder.limit(limits);
+  return src;
 }
 
 // The class of an item: its label (a manifest column, an IDX labels file) or, for a directory
@@ -175,7 +183,7 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
         continue;
       }
     }
-    Result<std::string> bytes = item_part_bytes(item.parts[0]);
+    Result<std::string> bytes = item_part_bytes(item.parts[0], exp.runtime.max_item_bytes);
     if (!bytes.ok()) {
       fail(bytes.status().message());
       continue;
