@@ -1167,19 +1167,19 @@ std::vector<KeyRule> build_rules() {
                       "tessera run: threads decoding items with the plugins while the model runs; 0 = none",
                       FIELD(runtime.workers)));
   r.push_back(bool_key("runtime.isolate", "true",
-                       "tessera run: plugins encode in worker processes, so an item that crashes, hangs or floods a "
-                       "plugin is one bad item (docs/RELIABILITY.md)",
+                       "tessera run and train: plugins encode in worker processes, so an item that crashes, hangs or "
+                       "floods a plugin is one bad item (docs/RELIABILITY.md)",
                        FIELD(runtime.isolate)));
   r.push_back(float_range_key("runtime.item_timeout_s", "in [0, 1e7]", [](double v) { return v >= 0 && v <= 1e7; },
-                              "120", "tessera run, isolate: seconds one item may take in a worker; 0 = no limit",
+                              "120", "tessera run and train, isolate: seconds one item may take in a worker; 0 = no limit",
                               FIELD(runtime.item_timeout_s)));
   r.push_back(int_key("runtime.worker_memory_mb", kItemBound, "8192",
-                      "tessera run, isolate: MiB of address space a worker may add while encoding; 0 = no limit",
+                      "tessera run and train, isolate: MiB of address space a worker may add while encoding; 0 = no limit",
                       FIELD(runtime.worker_memory_mb)));
   r.push_back(int_key("runtime.max_item_bytes", kItemBound, "1073741824",
-                      "tessera run: bytes of input one item may have; 0 = no limit", FIELD(runtime.max_item_bytes)));
+                      "tessera run and train: bytes of input one item may have; 0 = no limit", FIELD(runtime.max_item_bytes)));
   r.push_back(int_key("runtime.max_item_rows", kItemBound, "8388608",
-                      "tessera run: token rows all of one item's sequences may have; 0 = no limit",
+                      "tessera run and train: token rows all of one item's sequences may have; 0 = no limit",
                       FIELD(runtime.max_item_rows)));
   r.push_back(plugins_key());
   r.push_back(data_path_key());
