@@ -125,6 +125,7 @@ TEST(NonFiniteWeights, NaNInABf16FileIsRefused) {
   EXPECT_NE(msg.find("\"stem.embed\" in " + file + " (bf16 (61, 32)) holds NaN at flat index 100 = [3, 4]"),
             std::string::npos)
       << msg;
+  std::remove(file.c_str());
 }
 
 TEST(NonFiniteWeights, InfInAnF16FileIsRefusedAndFiniteExtremesLoad) {
