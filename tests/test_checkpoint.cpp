@@ -574,6 +574,35 @@ TEST(CheckpointCorruption, TruncatedOrAppendedFilesAreCaughtAndNamed) {
   r = read_checkpoint_at(step);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(contains(r.status().message(), state + ": checksum mismatch")) << r.status().message();
+
+  // Edited and resealed (its checksum made to match): what passes the checksum is still checked as
+  // JSON and by field. A number beyond a double would be nlohmann's out_of_range escaping as
+  // std::terminate; a wrong-typed step, a value taken as a step.
+  auto resealed = [&](std::string t) {
+    const std::string key = "\n  \"state_fnv1a\": \"";
+    const size_t at = t.find(key) + key.size();
+    t.replace(at, 16, 16, '0');
+    t.replace(at, 16, tessera::hex64(tessera::fnv1a(t.data(), t.size())));
+    return t;
+  };
+  ASSERT_TRUE(write_checkpoint(dir.path, sample(1), 3).ok());
+  const std::string good = contents(state);
+  overwrite(state, resealed(good));
+  ASSERT_TRUE(read_checkpoint_at(step).ok()) << "the reseal itself must keep a good file good";
+  std::string huge = good;
+  huge.replace(huge.find("\"step\": 1"), 9, "\"step\": 1e400");
+  overwrite(state, resealed(huge));
+  r = read_checkpoint_at(step);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains(r.status().message(), state + ": not valid JSON: ")) << r.status().message();
+  EXPECT_TRUE(contains(r.status().message(), "number overflow")) << r.status().message();
+  std::string typed = good;
+  typed.replace(typed.find("\"step\": 1"), 9, "\"step\": \"1\"");
+  overwrite(state, resealed(typed));
+  r = read_checkpoint_at(step);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains(r.status().message(), state + ": step (an integer >= 0) or config_hash (a string) is missing"))
+      << r.status().message();
 }
 
 TEST(CheckpointFallback, LatestNamingAMissingFolderFallsBackWithAWarning) {
