@@ -30,7 +30,11 @@ const std::string kPluginDir = TESSERA_TEST_PLUGIN_DIR;
 // A suffix for run folders of tests whose death-test child (a new process: its own pid) must find
 // the parent's folder: the same in both, and different for another build tree running its tests
 // on the same machine at the same time.
-std::string build_tag() { return "_" + std::to_string(std::hash<std::string>{}(TESSERA_BINARY_DIR)); }
+std::string build_tag() {
+  std::string tag = "_";  // appended, not "_" + ...: GCC 12 gives a false -Wrestrict for that
+  tag += std::to_string(std::hash<std::string>{}(TESSERA_BINARY_DIR));
+  return tag;
+}
 
 std::string temp_dir(const std::string& name) { return testing_util::fresh_temp_dir("tessera_run_" + name); }
 void write(const std::string& path, const std::string& text) { testing_util::write_text(path, text); }
