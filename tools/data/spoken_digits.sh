@@ -40,8 +40,9 @@ for tool in espeak-ng flite text2wave sox; do
   command -v "$tool" >/dev/null ||
     die "$tool is missing" "install the synthesisers: sudo apt-get install espeak-ng flite festival festvox-kallpc16k sox"
 done
-[[ $SEED =~ ^[0-9]+$ ]] && [[ $TAKES =~ ^[1-9][0-9]?$ ]] ||
+if ! [[ $SEED =~ ^[0-9]+$ && $TAKES =~ ^[1-9][0-9]?$ ]]; then
   die "DIGITS_SEED must be a whole number and DIGITS_TAKES one from 1 to 99 (found \"$SEED\", \"$TAKES\")"
+fi
 
 WORDS=(zero one two three four five six seven eight nine)
 ACCENTS=(en-us en-gb en-gb-scotland en-gb-x-rp en-gb-x-gbclan en-gb-x-gbcwmd en-029)
@@ -83,8 +84,8 @@ n=0
 for i in "${!ACCENTS[@]}"; do
   for j in "${!VARIANTS[@]}"; do
     voice="espeak-${ACCENTS[$i]}+${VARIANTS[$j]}"
-    split=train
-    (((i + 3 * j + SEED) % 5 == 0)) && split=test
+    split="train"
+    if (((i + 3 * j + SEED) % 5 == 0)); then split="test"; fi
     mkdir -p "$tmp/wav/$voice"
     for d in "${!WORDS[@]}"; do
       for t in $(seq 1 "$TAKES"); do
@@ -100,8 +101,8 @@ for i in "${!ACCENTS[@]}"; do
 done
 for v in "${FLITE[@]}"; do
   voice="flite-$v"
-  split=train
-  [ "$v" = slt ] && split=test
+  split="train"
+  if [ "$v" = slt ]; then split="test"; fi
   mkdir -p "$tmp/wav/$voice"
   for d in "${!WORDS[@]}"; do
     for t in $(seq 1 "$TAKES"); do
