@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "process_util.h"
 #include "tessera/config.h"
 #include "tessera/idx.h"
 #include "tessera/npy.h"
@@ -100,29 +101,10 @@ std::vector<float> normalised_image0(double mean, double std) {
   return out;
 }
 
-struct Ran {
-  int code = -1;
-  std::string out, err;
-};
+using Ran = tessera::testing_util::CliRun;
 
 // The built `tessera` in the source folder, as a user runs it.
-Ran run_cli(const std::string& args) {
-  const std::string err_file =
-      ::testing::TempDir() + "tessera_idx_dataset_stderr." + std::to_string(getpid());
-  const std::string cmd = "cd " + std::string(TESSERA_SOURCE_DIR) + " && " + TESSERA_BINARY_DIR +
-                          "/tessera " + args + " 2>" + err_file;
-  Ran r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = slurp(err_file);
-  std::remove(err_file.c_str());
-  return r;
-}
+Ran run_cli(const std::string& args) { return tessera::testing_util::run_tessera_cli(args); }
 
 }  // namespace
 
