@@ -30,11 +30,15 @@
 # share of the stratum's sequences: 20 % test, 20 % validation, 60 % training. (At 10 % the test
 # set would hold 3 or 4 sequences of the smallest families, whose 42 and 57 sit in 16 and 19
 # clusters.)
-# test.csv and validation.csv hold every sequence of their clusters; train.csv holds every family
-# sequence of the training clusters and PROTEIN_NONE_RATIO (4) times as many "none" ones (the "none"
-# of the training clusters with the smallest seeded keys), so that fine-tuning fits its minutes.
-# The masked-LM files hold every sequence of the training (mlm_train) and validation clusters,
-# unlabelled; the test clusters are in neither.
+# "none" is 97 % of the sequences, so the classifier's files hold every family sequence of their
+# clusters and a seeded sample of the "none" ones (those with the smallest seeded keys of their
+# accessions): PROTEIN_NONE_RATIO (4) times the family count in validation.csv and test.csv, and
+# PROTEIN_TRAIN_NONE_RATIO (1) times in train.csv. Fine-tuning has no class weights, and on 4 x
+# "none" it learnt to answer "none" (docs/TRAINING.md); the balanced training set also fits its
+# minutes. test_all.csv is every sequence of the test clusters (97 % "none"), for tessera eval.
+# The masked-LM files hold every sequence of the training clusters (mlm_train.fasta) and
+# PROTEIN_MLM_VALIDATION (1000) of the validation clusters (seeded), unlabelled; the test
+# clusters are in neither.
 #
 # PROTEIN_SEED (default 15) draws other splits and another "none" sample; PROTEIN_RESIDUES the cut.
 # Rerunning with the same settings rewrites the same bytes (and skips the work when they are there).
@@ -47,6 +51,7 @@ OUT=${OUT:-data/protein_families}
 SEED=${PROTEIN_SEED:-15}
 RESIDUES=${PROTEIN_RESIDUES:-510}
 RATIO=${PROTEIN_NONE_RATIO:-4}
+TRAIN_RATIO=${PROTEIN_TRAIN_NONE_RATIO:-1}
 MLM_VALIDATION=${PROTEIN_MLM_VALIDATION:-1000}
 DB=/usr/share/doc/mmseqs2/example-data/DB.fasta.gz
 EXAMPLES=/usr/share/doc/hmmer/examples
@@ -67,12 +72,13 @@ done
 for f in "$DB" "${HMMS[@]}"; do
   [ -r "$f" ] || die "$f is missing or unreadable" "$install_hint"
 done
-if ! [[ $SEED =~ ^[0-9]+$ && $RESIDUES =~ ^[1-9][0-9]{0,5}$ && $RATIO =~ ^[0-9]+$ && $MLM_VALIDATION =~ ^[0-9]+$ ]]; then
-  die "PROTEIN_SEED, PROTEIN_NONE_RATIO and PROTEIN_MLM_VALIDATION must be whole numbers, PROTEIN_RESIDUES one" \
-      "from 1 to 999999 (found \"$SEED\", \"$RATIO\", \"$MLM_VALIDATION\", \"$RESIDUES\")"
+if ! [[ $SEED =~ ^[0-9]+$ && $RESIDUES =~ ^[1-9][0-9]{0,5}$ && $RATIO =~ ^[0-9]+$ && $TRAIN_RATIO =~ ^[0-9]+$ && $MLM_VALIDATION =~ ^[0-9]+$ ]]; then
+  die "PROTEIN_SEED, PROTEIN_NONE_RATIO, PROTEIN_TRAIN_NONE_RATIO and PROTEIN_MLM_VALIDATION must be whole" \
+      "numbers, PROTEIN_RESIDUES one from 1 to 999999" \
+      "(found \"$SEED\", \"$RATIO\", \"$TRAIN_RATIO\", \"$MLM_VALIDATION\", \"$RESIDUES\")"
 fi
 
-stamp="protein-families v1 seed=$SEED residues=$RESIDUES none_ratio=$RATIO mlm_validation=$MLM_VALIDATION families=${FAMILIES[*]}"
+stamp="protein-families v1 seed=$SEED residues=$RESIDUES none_ratio=$RATIO train_none_ratio=$TRAIN_RATIO mlm_validation=$MLM_VALIDATION families=${FAMILIES[*]}"
 stamp+=" $(dpkg-query -W -f='${Package}=${Version} ' mmseqs2 mmseqs2-examples hmmer hmmer-examples 2>/dev/null)"
 stamp+=" $(cat "$DB" "${HMMS[@]}" tools/data/protein_families.sh | cksum)"
 files=(train.csv validation.csv test.csv test_all.csv mlm_train.fasta mlm_validation.fasta sequences.tsv)
@@ -120,7 +126,7 @@ mmseqs easy-cluster "$tmp/all.fasta" "$tmp/clu" "$tmp/mmseqs" --min-seq-id 0.3 -
 LC_ALL=C sort "$tmp/clu_cluster.tsv" >"$tmp/clusters.tsv"
 
 # Everything in one table, in accession order: id, residues, label, E-value, cluster, split.
-LC_ALL=C awk -F '\t' -v seed="$SEED" -v ratio="$RATIO" -v families="${FAMILIES[*]}" -v out="$tmp" '
+LC_ALL=C awk -F '\t' -v seed="$SEED" -v families="${FAMILIES[*]}" -v out="$tmp" '
   BEGIN {
     for (c = 32; c < 127; ++c) ord[sprintf("%c", c)] = c
     nf = split(families, fam, " ")
@@ -179,12 +185,14 @@ LC_ALL=C sort -t $'\t' -k1,1 "$tmp/joined.tsv" >"$tmp/sorted.tsv"
 } >"$tmp/sequences.tsv"
 to_csv() { LC_ALL=C awk -F '\t' 'BEGIN { print "id,protein,label" } { printf "%s,%s,%s\n", $1, $8, $3 }'; }
 for s in train validation test; do
-  # Every family sequence of the split's clusters, and RATIO times as many "none" (smallest keys).
+  # Every family sequence of the split's clusters, and ratio times as many "none" (smallest keys).
+  ratio=$RATIO
+  if [ "$s" = train ]; then ratio=$TRAIN_RATIO; fi
   families_in=$(LC_ALL=C awk -F '\t' -v s="$s" '$6 == s && $3 != "none"' "$tmp/sorted.tsv" | wc -l)
   {
     LC_ALL=C awk -F '\t' -v s="$s" '$6 == s && $3 != "none"' "$tmp/sorted.tsv"
     LC_ALL=C awk -F '\t' -v s="$s" '$6 == s && $3 == "none"' "$tmp/sorted.tsv" | LC_ALL=C sort -t $'\t' -k7,7 -k1,1 |
-      LC_ALL=C awk -v n="$((RATIO * families_in))" 'NR <= n'
+      LC_ALL=C awk -v n="$((ratio * families_in))" 'NR <= n'
   } | LC_ALL=C sort -t $'\t' -k1,1 | to_csv >"$tmp/$s.csv"
 done
 LC_ALL=C awk -F '\t' '$6 == "test"' "$tmp/sorted.tsv" | to_csv >"$tmp/test_all.csv"
