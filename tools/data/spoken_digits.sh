@@ -15,14 +15,14 @@
 #              whisper) = 112 voices;
 #   flite      kal, kal16, awb, rms, slt;
 #   festival   kal_diphone.
-# Each voice says each digit DIGITS_TAKES (3) times, each take at its own speed and pitch drawn from
-# the seed (espeak-ng: -s 120-200 words/min, -p 30-70; flite and festival: durations stretched
-# 0.8-1.25, flite's pitch 90-160 Hz). The test voices: espeak-ng accent i, variant j when
-# (i + 3 j + seed) mod 5 = 0 (a Latin square: 22 of 112 voices, every accent and every variant
-# both in training and in test, never the same voice), and flite's slt. The validation voices:
-# (i + 3 j + seed) mod 10 = 1 (11 voices), and flite's rms. DIGITS_SEED (default 7)
-# draws other takes and holds out other voices. Rerunning with the same settings rewrites the same
-# bytes (and skips the work when they are already there).
+# Each voice says each digit DIGITS_TAKES (3) times, each take at its own speed and pitch drawn
+# from the seed (espeak-ng: -s 120-200 words/min, -p 30-70; flite and festival: durations
+# stretched 0.8-1.25; flite's pitch 90-160 Hz). The test voices: espeak-ng
+# accent i, variant j when (i + 3 j + seed) mod 5 = 0 (a Latin square: 22 of 112 voices, every
+# accent and every variant both in training and in test, never the same voice), and flite's slt.
+# The validation voices: (i + 3 j + seed) mod 10 = 1 (11 voices), and flite's rms. DIGITS_SEED
+# (default 7) draws other takes and holds out other voices. Rerunning with the same settings
+# rewrites the same bytes (and skips the work when they are already there).
 set -euo pipefail
 
 OUT=${1:-}
