@@ -671,6 +671,17 @@ TEST(Config, ErrorWeightsFile) {
   const Experiment e = load_text_ok(kModel + "  weights: {file: weights/empty.safetensors, allow_missing: true}\n");
   EXPECT_EQ(e.model.weights.file, data("weights/empty.safetensors"));
   EXPECT_TRUE(e.model.weights.allow_missing);
+  EXPECT_TRUE(e.model.weights.ignore.empty());
+  // model.weights.ignore: a list of names or prefixes, kept with its place for the weights' messages.
+  const Experiment i = load_text_ok(kModel + "  weights: {file: weights/empty.safetensors, ignore: [head, blocks.1]}\n");
+  EXPECT_EQ(i.model.weights.ignore, (std::vector<std::string>{"head", "blocks.1"}));
+  EXPECT_EQ(i.model.weights.ignore_where.line, 4);
+  EXPECT_TRUE(i.model.weights.ignored("head.transform.w"));
+  EXPECT_TRUE(i.model.weights.ignored("blocks.1"));
+  EXPECT_FALSE(i.model.weights.ignored("blocks.10.ffn.w1"));
+  EXPECT_FALSE(i.model.weights.ignored("heads.w"));
+  EXPECT_EQ(errors(kModel + "  weights: {ignore: head}\n"),
+            "t.yaml:4:21: model.weights.ignore: expected a list of strings, found head");
 }
 
 TEST(Config, ErrorInput) {

@@ -483,6 +483,57 @@ TEST(Weights, EveryProblemIsReportedTogether) {
   std::remove(path.c_str());
 }
 
+// A masked-LM checkpoint (an ESM-style tied LM head with its transform and bias) under a new
+// classifier head: the file's LM-head tensors are unexpected for the classifier and refused, unless
+// model.weights.ignore names them; then the body comes from the file, bit for bit, and the new
+// head is initialised as in a model given no file. An entry naming none of the file's tensors
+// (a typo, or a prefix that does not end at a dot) is refused.
+TEST(Weights, IgnoreLetsAClassifierStartFromAnLmCheckpoint) {
+  ModelConfig lm = small();
+  lm.head.kind = HeadKind::lm;
+  lm.head.tied = true;
+  lm.head.transform = true;
+  lm.head.lm_bias = true;
+  const Model pretrained = build(lm);
+  const std::string path = ::testing::TempDir() + "tessera_mlm_checkpoint.safetensors";
+  ASSERT_TRUE(pretrained.save(path).ok());
+
+  ModelConfig c = small();
+  c.head.kind = HeadKind::classifier;
+  c.head.n_classes = 5;
+  c.init.seed = 11;
+  const Model scratch = build(c);
+  c.weights.file = path;
+  c.weights.allow_missing = true;  // the new head
+  Result<Model> refused = Model::build(c);
+  ASSERT_FALSE(refused.ok());
+  const std::string& msg = refused.status().message();
+  EXPECT_NE(msg.find("5 problem(s)"), std::string::npos) << msg;
+  for (const char* t :
+       {"head.transform.w", "head.transform.b", "head.transform.gamma", "head.transform.beta", "head.lm_bias"})
+    EXPECT_NE(msg.find("unexpected tensor \"" + std::string(t) + "\""), std::string::npos) << msg;
+
+  c.weights.ignore = {"head"};
+  const Model tuned = build(c);
+  for (const auto& [name, t] : tuned.parameters()) {
+    const Tensor want = name.rfind("head.", 0) == 0 ? *scratch.parameter(name) : *pretrained.parameter(name);
+    EXPECT_EQ(t.to_vector(), want.to_vector()) << name;
+  }
+  c.weights.ignore = {"head.transform", "head.lm_bias"};  // by name and by a prefix: the same
+  EXPECT_TRUE(Model::build(c).ok());
+
+  c.weights.ignore = {"head", "heads", "head.trans"};
+  c.weights.ignore_where = Location{"tune.yaml", 9, 11};
+  Result<Model> typo = Model::build(c);
+  ASSERT_FALSE(typo.ok());
+  const std::string& t = typo.status().message();
+  EXPECT_NE(t.find("2 problem(s)"), std::string::npos) << t;
+  EXPECT_NE(t.find("tune.yaml:9:11: model.weights.ignore: entry 1: \"heads\" names none of the tensors in " + path),
+            std::string::npos) << t;
+  EXPECT_NE(t.find("entry 2: \"head.trans\" names none"), std::string::npos) << t;
+  std::remove(path.c_str());
+}
+
 TEST(Weights, PerHeadTensorsFillTheirColumns) {
   ModelConfig c = small(4, 2);
   c.n_layers = 1;

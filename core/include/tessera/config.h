@@ -190,6 +190,11 @@ struct WeightsConfig {
   Location file_where;
   std::map<std::string, InlineTensor> inline_tensors;  // name -> tensor, see docs/CONFIG.md
   bool allow_missing = true;  // resolved: false when `file` is given; missing tensors are initialised
+  // Tensors of `file` not read, by name or by a prefix ending at a dot ("head": a pretrained LM
+  // head's tensors under a new classifier head); every entry must name one of the file's tensors.
+  std::vector<std::string> ignore;
+  Location ignore_where;
+  bool ignored(const std::string& name) const;
 };
 
 struct ModelConfig {

@@ -1151,6 +1151,11 @@ std::vector<KeyRule> build_rules() {
   r.push_back(inline_weights_key());
   r.push_back(bool_key("model.weights.allow_missing", "false if weights.file is given, else true",
                        "initialise tensors that no weights source provides", FIELD(model.weights.allow_missing)));
+  r.push_back(string_list_key("model.weights.ignore",
+                              "tensors of weights.file not read, by name or by a prefix ending at a dot ([head]: a "
+                              "pretrained LM head's tensors under a new classifier head); each entry must name one of "
+                              "the file's tensors; without weights.file, nothing",
+                              FIELD(model.weights.ignore)));
   r.push_back(string_list_key("input.tokens", "labels of the input rows, for display", FIELD(input.tokens)));
   r.push_back(input_rows_key());
   r.push_back(input_ids_key());
@@ -1644,6 +1649,7 @@ void resolve_model(WalkContext& c) {
   if (!c.is_given("model.weights.allow_missing")) {
     m.weights.allow_missing = !c.is_given("model.weights.file") && !c.is_bad("model.weights.file");
   }
+  if (c.is_given("model.weights.ignore")) m.weights.ignore_where = c.where("model.weights.ignore");
 
   // Products of sizes, once every size of the model is known and fine.
   const bool model_bad = std::any_of(c.bad.begin(), c.bad.end(), [](const std::string& k) {
@@ -1869,6 +1875,13 @@ void resolve_mlm(WalkContext& c) {
 
 }  // namespace
 }  // namespace config
+
+bool WeightsConfig::ignored(const std::string& name) const {
+  for (const std::string& e : ignore)
+    if (!e.empty() && name.compare(0, e.size(), e) == 0 && (name.size() == e.size() || name[e.size()] == '.'))
+      return true;
+  return false;
+}
 
 bool TrainConfig::frozen(const std::string& name) const {
   for (const std::string& e : freeze)

@@ -179,11 +179,26 @@ Sources gather(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, Diag
       diags->add(file_at, "model.weights.file", f.status().message());
       return src;
     }
+    std::vector<bool> used(cfg.weights.ignore.size(), false);
     for (const auto& info : f->tensors()) {
+      bool skip = false;
+      for (size_t i = 0; i < cfg.weights.ignore.size(); ++i) {
+        WeightsConfig one;
+        one.ignore = {cfg.weights.ignore[i]};
+        if (one.ignored(info.name)) used[i] = skip = true;
+      }
+      if (skip) continue;  // model.weights.ignore: not read, so neither unexpected nor mis-shaped
       Result<Tensor> t = f->get(info.name);
       if (!t.ok()) diags->add(file_at, "model.weights.file", t.status().message());
       else offer(info.name, t.value(), file_at, "model.weights.file", in_file, in_file);
     }
+    const Location ignore_at = cfg.weights.ignore_where.file.empty() ? file_at : cfg.weights.ignore_where;
+    for (size_t i = 0; i < used.size(); ++i)
+      if (!used[i])
+        diags->add(ignore_at, "model.weights.ignore",
+                   "entry " + std::to_string(i) + ": \"" + cfg.weights.ignore[i] + "\" names none of the tensors" +
+                       in_file,
+                   "an entry is a tensor name or a prefix of one ending at a dot (head, head.transform, blocks.3)");
   }
 
   // Assemble per-head pieces into their full tensors (head h owns columns [h·D, (h+1)·D)). The
