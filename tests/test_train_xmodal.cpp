@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "run/batcher.h"  // core/src: the batch run's assembly and place_sequences
+#include "run/batcher.h"     // core/src: the batch run's assembly and place_sequences
+#include "train/examples.h"  // core/src: training examples and their batches
 #include "tessera/config.h"
 #include "tessera/model.h"
 #include "tessera/parameters.h"
@@ -187,13 +188,108 @@ TEST(TrainMultimodal, SeveralPluginsTrainOnlyAClassifier) {
   EXPECT_TRUE(has(r.status().message(), "only with a classifier head")) << r.status().message();
 }
 
-// Each plugin augments its own rows: the image plugin's crop and flip change the image columns of
-// the pairs' training batches, and the audio rows go through as they are. Training changes; the
-// held-out pairs are scored unaugmented.
+// Each plugin augments its own rows of a training batch: with the image plugin augmenting, the
+// image rows' columns are exactly that plugin's augment() of them (seeded by example and plugin)
+// and the audio columns are as encoded; with the audio plugin augmenting, the other way round.
+TEST(TrainMultimodal, EachPluginAugmentsOnlyItsOwnColumns) {
+  const Experiment exp = recipe(kSlice + "pairs.csv", {"plugins.0.options.augment_crop_padding=2",
+                                                       "plugins.0.options.augment_flip=true"});
+  std::vector<Encoder> encs;
+  std::vector<tsr_encoder_info> infos;
+  std::vector<PluginInput> inputs;
+  for (const PluginConfig& pc : exp.plugins) {
+    Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    Result<Encoder> e = Encoder::create(*p, pc.options);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    encs.push_back(std::move(e).value());
+    infos.push_back(encs.back().info());
+    inputs.push_back({(*p)->name(), (*p)->input_kind(), (*p)->extensions()});
+  }
+  ASSERT_TRUE(encs[0].augments() && encs[1].augments());  // the recipe's SpecAugment, and the crop here
+  const StemLayout layout = stem_layout(infos);
+  const train::RowFormat f = train::row_format(exp.model, encs, layout);
+  ASSERT_EQ(f.width, 281);
+  Result<std::vector<DataItem>> items = read_dataset(exp.data, inputs);
+  ASSERT_TRUE(items.ok());
+  std::vector<train::Example> examples;
+  for (int64_t i = 0; i < 8; ++i) {
+    const DataItem& item = (*items)[static_cast<size_t>(i)];
+    run::ItemSequences made = run::encode_item(exp, layout, encs, item, i, run::read_parts(item, 0));
+    ASSERT_TRUE(made.ok()) << made.reason;
+    examples.push_back(train::make_example(f, made.seqs[0], 0, true));
+  }
+  std::vector<const train::Example*> ex;
+  for (const train::Example& e : examples) ex.push_back(&e);
+  Tensor labels;
+  Result<Batch> plain = train::make_batch(f, ex, &labels);
+  ASSERT_TRUE(plain.ok());
+  const int64_t T = plain->seq_len();
+  for (int only = 0; only < 2; ++only) {
+    SCOPED_TRACE(only == 0 ? "the image plugin augments" : "the audio plugin augments");
+    train::Augment aug;
+    aug.encoders = {only == 0 ? &encs[0] : nullptr, only == 1 ? &encs[1] : nullptr};
+    aug.several = true;
+    aug.seed = 12345;
+    for (int64_t i = 0; i < 8; ++i) aug.index.push_back(100 + i);
+    Result<Batch> b = train::make_batch(f, ex, &labels, &aug);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    expect_same(b->roles, plain->roles, "roles");
+    expect_same(b->modality, plain->modality, "modality");
+    int64_t changed = 0;
+    for (int64_t i = 0; i < 8; ++i) {
+      const train::Example& e = examples[static_cast<size_t>(i)];
+      for (const run::SequencePart& part : e.parts) {
+        const int64_t col = layout.column[static_cast<size_t>(part.plugin)], w = infos[static_cast<size_t>(part.plugin)].width;
+        const int64_t n = part.end - part.begin;
+        // This part's rows, unaugmented and as the batch holds them.
+        std::vector<float> before(static_cast<size_t>(n * w)), after(before.size());
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t k = 0; k < 281; ++k) {
+            const float x = plain->rows.data<float>()[(i * T + part.begin + t) * 281 + k];
+            const float y = b->rows.data<float>()[(i * T + part.begin + t) * 281 + k];
+            if (k >= col && k < col + w) {
+              before[static_cast<size_t>(t * w + k - col)] = x;
+              after[static_cast<size_t>(t * w + k - col)] = y;
+            } else {
+              ASSERT_EQ(x, 0.f);  // another plugin's columns stay zero
+              ASSERT_EQ(y, 0.f);
+            }
+          }
+        if (part.plugin != only) {
+          EXPECT_EQ(before, after) << "example " << i << ": plugin " << part.plugin << "'s rows must be as encoded";
+          continue;
+        }
+        // Exactly the plugin's own augmentation of its rows, seeded by (seed, example, plugin).
+        TokenRows r;
+        r.kind = TSR_ROWS_FEATURES;
+        r.features = Tensor::wrap(before.data(), {n, w}, DType::f32, nullptr);
+        r.positions.assign(e.positions.begin() + part.begin, e.positions.begin() + part.end);
+        r.roles.assign(e.roles.begin() + part.begin, e.roles.begin() + part.end);
+        r.grid_rows = part.grid_rows;
+        r.grid_cols = part.grid_cols;
+        std::vector<float> expected(before.size());
+        ASSERT_TRUE(encs[static_cast<size_t>(only)]
+                        .augment(r, train::mix(train::mix(aug.seed, static_cast<uint64_t>(100 + i)),
+                                               static_cast<uint64_t>(only)),
+                                 expected.data())
+                        .ok());
+        EXPECT_EQ(after, expected) << "example " << i;
+        changed += after != before;
+      }
+    }
+    EXPECT_GE(changed, 4) << "the augmentation changed too few examples to test anything";
+  }
+}
+
+// The same in whole training runs: the image plugin's crop and flip change training; the held-out
+// pairs are scored unaugmented.
 TEST(TrainMultimodal, EachPluginAugmentsItsOwnRowsInTraining) {
   const std::string d = temp_dir("augment");
   const std::vector<std::string> common = {"train.max_steps=6", "train.batch_size=8", "train.validation=0.2",
-                                           "train.eval_every=3", "model.n_layers=1", "train.log_every=1"};
+                                           "train.eval_every=3", "model.n_layers=1", "train.log_every=1",
+                                           "plugins.1.options.augment_time_masks=0",
+                                           "plugins.1.options.augment_freq_masks=0"};
   std::vector<std::string> aug = common;
   aug.push_back("plugins.0.options.augment_crop_padding=2");
   aug.push_back("plugins.0.options.augment_flip=true");
@@ -332,7 +428,10 @@ TEST(TrainQuality, DigitPairsSliceNeedsBothModalitiesToBeatChance) {
   const std::string d = temp_dir("quality");
   const std::vector<std::string> common = {"train.max_steps=150", "train.batch_size=8", "train.warmup_steps=10",
                                            "train.lr=3e-3", "train.validation=0", "train.eval_every=150",
-                                           "train.weight_decay=0", "train.log_every=50"};
+                                           "train.weight_decay=0", "train.log_every=50",
+                                           // the recipe's SpecAugment off: forty pairs are to be learnt as they are
+                                           "plugins.1.options.augment_time_masks=0",
+                                           "plugins.1.options.augment_freq_masks=0"};
   auto train_loss = [&](const std::string& manifest, const std::string& name) {
     std::vector<std::string> more = common;
     if (manifest != "pairs.csv") more.push_back("data.allow_missing=true");

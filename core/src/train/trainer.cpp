@@ -28,6 +28,7 @@
 #include "tessera/tensor_reuse.h"
 #include "tessera/train.h"
 #include "run/sequences.h"
+#include "train/examples.h"
 #include "train/report.h"
 
 namespace tessera {
@@ -37,39 +38,14 @@ using nlohmann::json;
 
 namespace {
 
+using train::Augment;
+using train::Example;
+using train::make_batch;
+using train::make_example;
+using train::RowFormat;
+
 // ---------------------------------------------------------------------------------------------
 // Data: every item encoded once, kept in memory.
-
-// How examples become a Batch: what the stem reads, and where each plugin's rows go in it. With
-// several plugins an item is one sequence built as a batch run builds it (run::encode_item: ids
-// shifted into each token plugin's block, feature rows in each feature plugin's columns), so
-// make_batch gives the batch run's batch for the same items.
-struct RowFormat {
-  bool ids = true;        // the stem reads token ids (stem.kind tokens, mixed)
-  bool rows = false;      // the stem reads feature rows (features, mixed, identity)
-  bool kinds = false;     // stem.kind mixed: Batch::kinds, a kind per row
-  bool modality = false;  // stem.modalities > 0: Batch::modality, the plugin per row
-  int64_t width = 0;      // F, the stem's input columns
-  struct Plugin {
-    bool features = false;  // gives feature rows (else token ids)
-    int64_t column = 0;     // its first column of F
-    int64_t width = 0;      // its rows' width
-  };
-  std::vector<Plugin> plugins;
-};
-
-struct Example {
-  std::vector<int32_t> ids;    // per row, where the stem reads ids (shifted into the plugin's block)
-  // Feature rows, each row only its own plugin's columns: the rows of each feature part in turn,
-  // (end - begin) × that plugin's width values (one plugin: the rows as the plugin gave them).
-  std::vector<float> rows;
-  std::vector<uint8_t> roles;  // per row
-  std::vector<run::SequencePart> parts;  // the plugins' blocks of rows, in order
-  // Kept only where a plugin augments: what its augment() reads besides rows.
-  std::vector<std::array<int32_t, 2>> positions;
-  int32_t label = -1;
-  int64_t n() const { return static_cast<int64_t>(roles.size()); }
-};
 
 struct Encoded {
   RowFormat format;
@@ -125,46 +101,6 @@ Result<Sources> open_plugins(const Experiment& exp) {
   for (Encoder& e : src.encoders) TSR_RETURN_IF_ERROR(run::confine_encoder(e, exp.runtime));
   src.layout = stem_layout(infos);
   return src;
-}
-
-RowFormat row_format(const ModelConfig& m, const Sources& src) {
-  RowFormat f;
-  f.ids = m.stem.kind == StemKind::tokens || m.stem.kind == StemKind::mixed;
-  f.rows = m.stem.kind != StemKind::tokens;
-  f.kinds = m.stem.kind == StemKind::mixed;
-  f.modality = m.stem.modalities > 0;
-  f.width = m.stem.kind == StemKind::identity ? m.d_model : m.stem.n_features;
-  for (size_t p = 0; p < src.encoders.size(); ++p) {
-    const tsr_encoder_info& info = src.encoders[p].info();
-    const bool features = info.rows_kind == TSR_ROWS_FEATURES;
-    f.plugins.push_back({features, src.layout.column[p], features ? static_cast<int64_t>(info.width) : 0});
-  }
-  return f;
-}
-
-// A sequence as a training example: its ids where the stem reads them, and each feature row's own
-// plugin's columns only (a row of one plugin is zero in every other plugin's columns).
-Example make_example(const RowFormat& f, const run::Sequence& s, int32_t label, bool keep_positions) {
-  Example ex;
-  ex.label = label;
-  ex.roles = s.rows.roles;
-  ex.parts = s.parts;
-  if (f.ids) ex.ids = s.rows.ids;
-  if (f.rows && s.rows.features.defined()) {
-    const Tensor all = s.rows.features.contiguous();  // (n, F), or (n, width) with one plugin
-    const int64_t W = all.dim(1);
-    for (const run::SequencePart& part : s.parts) {
-      const RowFormat::Plugin& pl = f.plugins[static_cast<size_t>(part.plugin)];
-      if (!pl.features) continue;
-      const int64_t col = W == pl.width ? 0 : pl.column;
-      for (int64_t t = part.begin; t < part.end; ++t) {
-        const float* row = all.data<float>() + t * W + col;
-        ex.rows.insert(ex.rows.end(), row, row + pl.width);
-      }
-    }
-  }
-  if (keep_positions) ex.positions = s.rows.positions;
-  return ex;
 }
 
 bool any_augments(const Sources& src) {
@@ -253,7 +189,7 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
   Result<std::vector<DataItem>> items = read_dataset(data, src.inputs());
   if (!items.ok()) return items.status();
   Encoded e;
-  e.format = row_format(exp.model, src);
+  e.format = train::row_format(exp.model, src.encoders, src.layout);
   const bool keep_positions = any_augments(src);
   run::AssembleOptions assemble;
   assemble.check_max_len = !lm;  // an LM's items are cut into windows of seq_len
@@ -348,90 +284,14 @@ Result<MaskSpec> mask_spec(const Experiment& exp, const Sources& src, const Enco
 // ---------------------------------------------------------------------------------------------
 // Batches
 
-uint64_t mix(uint64_t a, uint64_t b) { return fnv1a(&b, sizeof b, fnv1a(&a, sizeof a)); }
-
-// Training augmentation: each plugin's seeded transform of its own feature rows in each example,
-// drawn from (train.seed, step, the example's index) and, with several plugins, the plugin's index,
-// so a resumed run draws what the uninterrupted one drew.
-struct Augment {
-  std::vector<const Encoder*> encoders;  // per plugin; null: it does not augment
-  bool several = false;                  // the experiment has several plugins
-  uint64_t seed = 0;                     // (train.seed, step)
-  std::vector<int64_t> index;            // each example's index in the training set
-};
-
-// Plugin part.plugin's rows of e, `rows` ((end - begin) × width, as e holds them), augmented into `out`.
-Status augment_part(const Augment& aug, const Example& e, const run::SequencePart& part, const float* rows,
-                    int64_t width, int64_t index, float* out) {
-  const int64_t n = part.end - part.begin;
-  TokenRows r;
-  r.kind = TSR_ROWS_FEATURES;
-  r.features = Tensor::wrap(const_cast<float*>(rows), {n, width}, DType::f32, nullptr);
-  r.positions.assign(e.positions.begin() + part.begin, e.positions.begin() + part.end);
-  r.roles.assign(e.roles.begin() + part.begin, e.roles.begin() + part.end);
-  r.grid_rows = part.grid_rows;
-  r.grid_cols = part.grid_cols;
-  const uint64_t seed = mix(aug.seed, static_cast<uint64_t>(index));
-  return aug.encoders[static_cast<size_t>(part.plugin)]->augment(
-      r, aug.several ? mix(seed, static_cast<uint64_t>(part.plugin)) : seed, out);
-}
-
-// The examples of `data` as one padded batch (classify), augmented when `aug` says so: what
-// run::place_sequences makes of the same items' sequences without packing (ids, feature rows in
-// each plugin's columns, roles, lengths, and kinds and modality where the stem reads them).
-Result<Batch> make_batch(const Encoded& data, const std::vector<const Example*>& ex, Tensor* labels,
-                         const Augment* aug = nullptr) {
-  const RowFormat& f = data.format;
-  const int64_t B = static_cast<int64_t>(ex.size()), F = f.width;
-  int64_t T = 1;
-  for (const Example* e : ex) T = std::max(T, e->n());
-  Batch b;
-  b.roles = Tensor::zeros({B, T}, DType::u8);
-  if (f.ids) b.ids = Tensor::zeros({B, T}, DType::i32);
-  if (f.rows) b.rows = Tensor::zeros({B, T, F});
-  if (f.kinds) b.kinds = Tensor::zeros({B, T}, DType::u8);
-  if (f.modality) b.modality = Tensor::zeros({B, T}, DType::i32);
-  *labels = Tensor::empty({B}, DType::i32);
-  std::vector<float> augmented;
-  for (int64_t i = 0; i < B; ++i) {
-    const Example& e = *ex[static_cast<size_t>(i)];
-    b.lengths.push_back(e.n());
-    labels->data<int32_t>()[i] = e.label;
-    std::copy(e.roles.begin(), e.roles.end(), b.roles.data<uint8_t>() + i * T);
-    for (int64_t t = e.n(); t < T; ++t) b.roles.data<uint8_t>()[i * T + t] = TSR_ROLE_PAD;
-    if (f.ids) std::copy(e.ids.begin(), e.ids.end(), b.ids.data<int32_t>() + i * T);
-    const float* src = e.rows.data();  // the next feature part's rows
-    for (const run::SequencePart& part : e.parts) {
-      const RowFormat::Plugin& pl = f.plugins[static_cast<size_t>(part.plugin)];
-      for (int64_t t = part.begin; t < part.end; ++t) {
-        if (f.kinds) b.kinds.data<uint8_t>()[i * T + t] = pl.features ? 1 : 0;
-        if (f.modality) b.modality.data<int32_t>()[i * T + t] = part.plugin;
-      }
-      if (!pl.features || !f.rows) continue;
-      const int64_t n = part.end - part.begin, w = pl.width;
-      const float* rows = src;
-      src += n * w;
-      if (aug && !aug->encoders.empty() && aug->encoders[static_cast<size_t>(part.plugin)]) {
-        augmented.resize(static_cast<size_t>(n * w));
-        TSR_RETURN_IF_ERROR(augment_part(*aug, e, part, rows, w, aug->index[static_cast<size_t>(i)], augmented.data()));
-        rows = augmented.data();
-      }
-      // One plugin fills the whole row (w = F); several write into their own columns.
-      float* dst = b.rows.data<float>() + (i * T + part.begin) * F + pl.column;
-      if (w == F) std::copy(rows, rows + n * w, dst);
-      else
-        for (int64_t t = 0; t < n; ++t) std::copy(rows + t * w, rows + (t + 1) * w, dst + t * F);
-    }
-  }
-  return b;
-}
+using train::mix;
 
 // mlm: the examples as one padded batch, each masked under its key; targets (B, T) hold the
 // original id at the chosen rows and -1 elsewhere (padding included).
 Result<Batch> make_mlm_batch(const Encoded& data, const std::vector<const Example*>& ex, const std::vector<uint64_t>& keys,
                              const MaskSpec& spec, Tensor* targets) {
   Tensor labels;
-  TSR_ASSIGN_OR_RETURN(Batch b, make_batch(data, ex, &labels));
+  TSR_ASSIGN_OR_RETURN(Batch b, make_batch(data.format, ex, &labels));
   const int64_t B = b.ids.shape()[0], T = b.ids.shape()[1];
   *targets = Tensor::empty({B, T}, DType::i32);
   std::fill(targets->data<int32_t>(), targets->data<int32_t>() + B * T, -1);
@@ -496,7 +356,7 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
       std::vector<const Example*> ex;
       for (size_t i = i0; i < std::min(data.items.size(), i0 + static_cast<size_t>(batch)); ++i) ex.push_back(&data.items[i]);
       Tensor labels;
-      TSR_ASSIGN_OR_RETURN(const Batch b, make_batch(data, ex, &labels));
+      TSR_ASSIGN_OR_RETURN(const Batch b, make_batch(data.format, ex, &labels));
       Outputs out;
       TSR_RETURN_IF_ERROR(m->forward(b, fo, &out));
       for (size_t i = 0; i < ex.size(); ++i) {
@@ -1179,7 +1039,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
           aug.index = mb;
         }
         for (int64_t i : mb) ex.push_back(&train.items[static_cast<size_t>(i)]);
-        Result<Batch> made = make_batch(train, ex, &tg.labels, &aug);
+        Result<Batch> made = make_batch(train.format, ex, &tg.labels, &aug);
         if (!made.ok()) return made.status().with_prefix("train: step " + std::to_string(step + 1));
         b = std::move(made).value();
       }
@@ -1456,7 +1316,7 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
     return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): " +
                            (made.file.empty() ? "" : made.file + ": ") + made.reason);
   Encoded e;
-  e.format = row_format(c, src);
+  e.format = train::row_format(c, src.encoders, src.layout);
   for (const run::Sequence& s : made.seqs) e.items.push_back(make_example(e.format, s, label, false));
   std::vector<const Example*> ex;
   for (const Example& x : e.items) ex.push_back(&x);
@@ -1481,7 +1341,7 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
     }
     out.loss = "masked-LM cross-entropy at the " + std::to_string(chosen) + " chosen rows" + seqs;
   } else {
-    TSR_ASSIGN_OR_RETURN(out.batch, make_batch(e, ex, &out.targets.labels));
+    TSR_ASSIGN_OR_RETURN(out.batch, make_batch(e.format, ex, &out.targets.labels));
     if (tc.objective == Objective::lm) {
       out.targets.labels = Tensor();
       out.targets.tokens = next_token_targets(out.batch);
