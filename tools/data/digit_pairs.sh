@@ -17,14 +17,14 @@
 # digits.png is 100 x 50 cells of 20 x 20 pixels; each band of 5 cell rows is one digit (500
 # cells of 0, then 500 of 1, ...). Cell k (row-major, from 0) is img/<k / 500>/<k>.pgm.
 # PAIRS_SEED (default 7) holds out 100 cells of each digit for the test set, draws the pairs, and
-# shuffles them. Each image is in PAIRS_PER_IMAGE (default 2, even) pairs, half of them "same" and
-# half "different", so an image alone says nothing about the label; its clip is drawn from the
-# clips of its digit (same) or of one of the nine other digits, each as likely (different), so a
-# clip alone says nothing either. Training pairs draw training images and clips; test pairs test
-# images and clips (spoken_digits.sh holds out whole voices). SPOKEN_DIGITS (default the
-# repository's data/spoken_digits) is where spoken_digits.sh writes, or has written, the clips;
-# it is called either way (it skips work that is done). Rerunning with the same settings writes
-# the same bytes.
+# shuffles them. Each training image is in PAIRS_PER_IMAGE (default 12, even) pairs and each test
+# image in PAIRS_TEST_PER_IMAGE (default 6, even), half of them "same" and half "different", so an
+# image alone says nothing about the label; its clip is drawn from the clips of its digit (same) or
+# of one of the nine other digits, each as likely (different), so a clip alone says nothing either.
+# Training pairs draw training images and clips; test pairs test images and clips (spoken_digits.sh
+# holds out whole voices). SPOKEN_DIGITS (default the repository's data/spoken_digits) is where
+# spoken_digits.sh writes, or has written, the clips; it is called either way (it skips work that
+# is done). Rerunning with the same settings writes the same bytes.
 set -euo pipefail
 
 OUT=${1:-}
@@ -36,7 +36,8 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/data/digit_pairs}
 SD=${SD:-$ROOT/data/spoken_digits}
 SEED=${PAIRS_SEED:-7}
-PER_IMAGE=${PAIRS_PER_IMAGE:-2}
+PER_IMAGE=${PAIRS_PER_IMAGE:-12}
+TEST_PER_IMAGE=${PAIRS_TEST_PER_IMAGE:-6}
 
 die() {
   echo "digit_pairs.sh: error: $1" >&2
@@ -44,8 +45,10 @@ die() {
   for hint in "$@"; do echo "  $hint" >&2; done
   exit 1
 }
-if ! [[ $SEED =~ ^[0-9]+$ && $PER_IMAGE =~ ^[1-9][0-9]?$ ]] || ((PER_IMAGE % 2)); then
-  die "PAIRS_SEED must be a whole number and PAIRS_PER_IMAGE an even number from 2 to 98 (found \"$SEED\", \"$PER_IMAGE\")"
+if ! [[ $SEED =~ ^[0-9]+$ && $PER_IMAGE =~ ^[1-9][0-9]?$ && $TEST_PER_IMAGE =~ ^[1-9][0-9]?$ ]] ||
+  ((PER_IMAGE % 2 || TEST_PER_IMAGE % 2)); then
+  die "PAIRS_SEED must be a whole number, PAIRS_PER_IMAGE and PAIRS_TEST_PER_IMAGE even numbers from 2 to 98" \
+    "(found \"$SEED\", \"$PER_IMAGE\", \"$TEST_PER_IMAGE\")"
 fi
 command -v convert >/dev/null || die "convert is missing" "install ImageMagick: sudo apt-get install imagemagick"
 DIGITS_PNG=/usr/share/doc/opencv-doc/examples/data/digits.png
@@ -59,7 +62,7 @@ fi
 tools/data/spoken_digits.sh "$SD"
 for s in train test; do [ -f "$SD/$s.csv" ] || die "$SD/$s.csv is missing after spoken_digits.sh"; done
 
-stamp="digit-pairs v1 seed=$SEED per_image=$PER_IMAGE $(sha256sum <"$DIGITS_PNG" | cut -c1-16) $(cat "$SD/train.csv" "$SD/test.csv" | sha256sum | cut -c1-16) $(dpkg-query -W -f='${Version}' imagemagick 2>/dev/null)"
+stamp="digit-pairs v1 seed=$SEED per_image=$PER_IMAGE/$TEST_PER_IMAGE $(sha256sum <"$DIGITS_PNG" | cut -c1-16) $(cat "$SD/train.csv" "$SD/test.csv" | sha256sum | cut -c1-16) $(dpkg-query -W -f='${Version}' imagemagick 2>/dev/null)"
 if [ -f "$OUT/train.csv" ] && [ -f "$OUT/test.csv" ] && [ "$(cat "$OUT/.stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "digit_pairs.sh: $OUT is up to date ($(($(wc -l <"$OUT/train.csv") - 1)) train, $(($(wc -l <"$OUT/test.csv") - 1)) test pairs)" >&2
   exit 0
@@ -121,16 +124,16 @@ for s in train test; do
   for d in 0 1 2 3 4 5 6 7 8 9; do [ -n "${clips[$s,$d]}" ] || die "$SD/$s.csv has no clip of $d"; done
 done
 
-# pairs SPLIT IMAGES...: PER_IMAGE pairs for each image, half "same", half "different", shuffled,
+# pairs SPLIT N IMAGES...: N pairs for each image, half "same", half "different", shuffled,
 # written as SPLIT.csv and its two one-modality variants.
 pairs() {
-  local split=$1 img d k j other label n=0
-  shift
+  local split=$1 per=$2 img d k j other label n=0
+  shift 2
   local -a lines=()
   for img in "$@"; do
     d=${img%%:*}
     k=${img#*:}
-    for ((j = 0; j < PER_IMAGE; j++)); do
+    for ((j = 0; j < per; j++)); do
       if ((j % 2 == 0)); then
         other=$d
         label=same
@@ -157,8 +160,8 @@ pairs() {
   awk -F, -v OFS=, 'NR > 1 { $3 = "" } 1' "$tmp/$split.csv" >"$tmp/$split.image_only.csv"
   awk -F, -v OFS=, 'NR > 1 { $2 = "" } 1' "$tmp/$split.csv" >"$tmp/$split.audio_only.csv"
 }
-pairs train "${train_img[@]}"
-pairs test "${test_img[@]}"
+pairs train "$PER_IMAGE" "${train_img[@]}"
+pairs test "$TEST_PER_IMAGE" "${test_img[@]}"
 
 rm -rf "$OUT/img" "$OUT/speech"
 mv "$tmp/img" "$OUT/img"
