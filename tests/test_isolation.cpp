@@ -551,6 +551,34 @@ TEST(IsolationTrain, HostileItemsAreBadItemsAndTrainingGoesOn) {
   fs::remove_all(dir);
 }
 
+// With several plugins in one sequence every plugin encodes in its own worker: an item that kills the
+// second plugin's worker is one bad item of a multimodal training set, and training goes on.
+TEST(IsolationTrain, EveryPluginOfAMultimodalExperimentIsIsolated) {
+  const std::string dir = ::testing::TempDir() + "tessera_isolation_xmodal_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::string csv = "id,text,hostile,label\n";
+  for (int i = 0; i < 20; ++i)
+    csv += "item" + std::to_string(i) + ",text " + std::to_string(i) + "," +
+           (i == 7 ? "SEGV here" : i == 13 ? "ABORT now" : "bytes " + std::to_string(i)) + "," + (i % 2 ? "odd" : "even") +
+           "\n";
+  std::ofstream(dir + "/items.csv") << csv;
+  std::ofstream(dir + "/exp.yaml") << "plugins:\n  - {name: text, path: " + kPlugins +
+                                          ", options: {tokenizer: bytes}}\n  - {name: hostile, path: " + kTestPlugins +
+                                          "}\nmodel:\n  d_model: 16\n  n_heads: 2\n  n_layers: 1\n"
+                                          "  stem: {kind: tokens, vocab_size: 600, modalities: 2}\n"
+                                          "  positions: {kind: learned, max_len: 64}\n"
+                                          "  head: {kind: classifier, n_classes: 2, labels: [even, odd]}\n"
+                                          "data: {path: items.csv}\n"
+                                          "train: {batch_size: 2, max_steps: 2, validation: 0.1}\n";
+  const testing_util::CliRun r = testing_util::run_tessera_cli("train " + dir + "/exp.yaml --out " + dir + "/run");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "train: 2 item(s) could not be read: ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "SIGSEGV") || contains(r.err, "exited with status")) << r.err;
+  EXPECT_TRUE(contains(read_file(dir + "/run/summary.json"), "\"bad_items\": 2")) << r.err;
+  fs::remove_all(dir);
+}
+
 // ---- A developer measurement (not run by ctest) ---------------------------------------------------
 // In-process against worker encoding of a folder of JPEGs (tools/reference/make_jpeg_set.py makes the
 // 1,000 of docs/PERFORMANCE.md):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes the spoken-digits data set (issue 15): the English words "zero" ... "nine" said by Debian's
-# speech synthesisers, 16 kHz mono 16-bit WAV trimmed of silence, as two CSV manifests
-# `id,audio,label` (label = the digit) whose test voices never speak in the training set:
-#   data/spoken_digits/train.csv, test.csv, wav/<voice>/<digit>-<take>.wav
+# speech synthesisers, 16 kHz mono 16-bit WAV trimmed of silence, as three CSV manifests
+# `id,audio,label` (label = the digit) whose voices are disjoint: a voice of the validation set
+# (which picks the best checkpoint) or of the test set never speaks in the training set:
+#   data/spoken_digits/train.csv, valid.csv, test.csv, wav/<voice>/<digit>-<take>.wav
 # It downloads nothing: espeak-ng, flite, festival (festvox-kallpc16k) and sox are Debian packages
 # (apt-get install espeak-ng flite festival festvox-kallpc16k sox).
 #
@@ -14,13 +15,14 @@
 #              whisper) = 112 voices;
 #   flite      kal, kal16, awb, rms, slt;
 #   festival   kal_diphone.
-# Each voice says each digit DIGITS_TAKES (3) times, each take at its own speed and pitch drawn from
-# the seed (espeak-ng: -s 120-200 words/min, -p 30-70; flite and festival: durations stretched
-# 0.8-1.25, flite's pitch 90-160 Hz). The test voices: espeak-ng accent i, variant j when
-# (i + 3 j + seed) mod 5 = 0 (a Latin square: 22 of 112 voices, every accent and every variant
-# both in training and in test, never the same voice), and flite's slt. DIGITS_SEED (default 7)
-# draws other takes and holds out other voices. Rerunning with the same settings rewrites the same
-# bytes (and skips the work when they are already there).
+# Each voice says each digit DIGITS_TAKES (3) times, each take at its own speed and pitch drawn
+# from the seed (espeak-ng: -s 120-200 words/min, -p 30-70; flite and festival: durations
+# stretched 0.8-1.25; flite's pitch 90-160 Hz). The test voices: espeak-ng
+# accent i, variant j when (i + 3 j + seed) mod 5 = 0 (a Latin square: 22 of 112 voices, every
+# accent and every variant both in training and in test, never the same voice), and flite's slt.
+# The validation voices: (i + 3 j + seed) mod 10 = 1 (11 voices), and flite's rms. DIGITS_SEED
+# (default 7) draws other takes and holds out other voices. Rerunning with the same settings
+# rewrites the same bytes (and skips the work when they are already there).
 set -euo pipefail
 
 OUT=${1:-}
@@ -49,9 +51,9 @@ ACCENTS=(en-us en-gb en-gb-scotland en-gb-x-rp en-gb-x-gbclan en-gb-x-gbcwmd en-
 VARIANTS=(m1 m2 m3 m4 m5 m6 m7 f1 f2 f3 f4 f5 klatt klatt2 croak whisper)
 FLITE=(kal kal16 awb rms slt)
 
-stamp="spoken-digits v1 seed=$SEED takes=$TAKES $(espeak-ng --version | head -1) $(dpkg-query -W -f='${Version} ' flite festival festvox-kallpc16k sox 2>/dev/null)"
-if [ -f "$OUT/train.csv" ] && [ -f "$OUT/test.csv" ] && [ "$(cat "$OUT/.stamp" 2>/dev/null)" = "$stamp" ]; then
-  echo "spoken_digits.sh: $OUT is up to date ($(($(wc -l <"$OUT/train.csv") - 1)) train, $(($(wc -l <"$OUT/test.csv") - 1)) test)" >&2
+stamp="spoken-digits v2 seed=$SEED takes=$TAKES $(espeak-ng --version | head -1) $(dpkg-query -W -f='${Version} ' flite festival festvox-kallpc16k sox 2>/dev/null)"
+if [ -f "$OUT/train.csv" ] && [ -f "$OUT/valid.csv" ] && [ -f "$OUT/test.csv" ] && [ "$(cat "$OUT/.stamp" 2>/dev/null)" = "$stamp" ]; then
+  echo "spoken_digits.sh: $OUT is up to date ($(($(wc -l <"$OUT/train.csv") - 1)) train, $(($(wc -l <"$OUT/valid.csv") - 1)) valid, $(($(wc -l <"$OUT/test.csv") - 1)) test)" >&2
   exit 0
 fi
 mkdir -p "$OUT"
@@ -61,9 +63,10 @@ mkdir -p "$tmp/wav"
 
 # The takes' settings: a seeded MINSTD stream (x = 48271 x mod 2^31 - 1), drawn in one fixed order.
 state=$(((SEED * 7919 + 1) % 2147483647))
-draw() {  # draw LO HI: a whole number in [LO, HI]
+speed=0 pitch=0 stretch=0 f0=0  # set by draw
+draw() {  # draw VAR LO HI: sets VAR to a whole number in [LO, HI] (no subshell: the stream must advance)
   state=$(((state * 48271) % 2147483647))
-  echo $(($1 + state % ($2 - $1 + 1)))
+  printf -v "$1" '%d' $(($2 + state % ($3 - $2 + 1)))
 }
 
 # One clip: the synthesiser's WAV ($1) to 16 kHz mono 16-bit, silence trimmed at both ends, into $2.
@@ -75,6 +78,7 @@ finish() {
 }
 
 : >"$tmp/train.csv.body"
+: >"$tmp/valid.csv.body"
 : >"$tmp/test.csv.body"
 add() {  # add VOICE DIGIT TAKE SPLIT
   echo "$1/$2-$3,wav/$1/$2-$3.wav,$2" >>"$tmp/$4.csv.body"
@@ -86,11 +90,12 @@ for i in "${!ACCENTS[@]}"; do
     voice="espeak-${ACCENTS[$i]}+${VARIANTS[$j]}"
     split="train"
     if (((i + 3 * j + SEED) % 5 == 0)); then split="test"; fi
+    if (((i + 3 * j + SEED) % 10 == 1)); then split="valid"; fi
     mkdir -p "$tmp/wav/$voice"
     for d in "${!WORDS[@]}"; do
       for t in $(seq 1 "$TAKES"); do
-        speed=$(draw 120 200)
-        pitch=$(draw 30 70)
+        draw speed 120 200
+        draw pitch 30 70
         espeak-ng -v "${ACCENTS[$i]}+${VARIANTS[$j]}" -s "$speed" -p "$pitch" -w "$tmp/raw.wav" "${WORDS[$d]}"
         finish "$tmp/raw.wav" "$tmp/wav/$voice/$d-$t.wav"
         add "$voice" "$d" "$t" "$split"
@@ -103,11 +108,12 @@ for v in "${FLITE[@]}"; do
   voice="flite-$v"
   split="train"
   if [ "$v" = slt ]; then split="test"; fi
+  if [ "$v" = rms ]; then split="valid"; fi
   mkdir -p "$tmp/wav/$voice"
   for d in "${!WORDS[@]}"; do
     for t in $(seq 1 "$TAKES"); do
-      stretch=$(draw 80 125)
-      f0=$(draw 90 160)
+      draw stretch 80 125
+      draw f0 90 160
       flite -voice "$v" -t "${WORDS[$d]}" -o "$tmp/raw.wav" \
         --setf duration_stretch="$((stretch / 100)).$(printf %02d $((stretch % 100)))" --setf int_f0_target_mean="$f0"
       finish "$tmp/raw.wav" "$tmp/wav/$voice/$d-$t.wav"
@@ -120,7 +126,7 @@ voice=festival-kal_diphone
 mkdir -p "$tmp/wav/$voice"
 for d in "${!WORDS[@]}"; do
   for t in $(seq 1 "$TAKES"); do
-    stretch=$(draw 80 125)
+    draw stretch 80 125
     echo "${WORDS[$d]}" |
       text2wave -o "$tmp/raw.wav" -eval "(Parameter.set 'Duration_Stretch $((stretch / 100)).$(printf %02d $((stretch % 100))))"
     finish "$tmp/raw.wav" "$tmp/wav/$voice/$d-$t.wav"
@@ -129,13 +135,14 @@ for d in "${!WORDS[@]}"; do
   done
 done
 
-for s in train test; do
+for s in train valid test; do
   { echo "id,audio,label"; cat "$tmp/$s.csv.body"; } >"$tmp/$s.csv"
 done
 rm -rf "$OUT/wav"
 mv "$tmp/wav" "$OUT/wav"
 mv "$tmp/train.csv" "$OUT/train.csv"
+mv "$tmp/valid.csv" "$OUT/valid.csv"
 mv "$tmp/test.csv" "$OUT/test.csv"
 echo "$stamp" >"$OUT/.stamp"
-echo "spoken_digits.sh: wrote $n clips: $OUT/train.csv ($(($(wc -l <"$OUT/train.csv") - 1))) and $OUT/test.csv" \
-     "($(($(wc -l <"$OUT/test.csv") - 1))), test voices disjoint from training ones" >&2
+echo "spoken_digits.sh: wrote $n clips: $OUT/train.csv ($(($(wc -l <"$OUT/train.csv") - 1))), $OUT/valid.csv" \
+     "($(($(wc -l <"$OUT/valid.csv") - 1))) and $OUT/test.csv ($(($(wc -l <"$OUT/test.csv") - 1))): three sets of voices, none shared" >&2

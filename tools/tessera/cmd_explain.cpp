@@ -1,12 +1,17 @@
 // `tessera explain`: the lecture's tables for one head of one layer of any model — X, Q, K, V,
 // scores, mask, weights, output — then one row worked step by step, then how the heads combine.
-// It reads intermediates captured by a normal forward pass; it computes nothing on its own.
+// It reads intermediates captured by a normal forward pass; it computes nothing on its own. With
+// --item N the input is the dataset's N-th item as training encodes it, which may hold several
+// plugins' rows: then the attention between the plugins' blocks of rows is summed up per head.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "commands.h"
 #include "common.h"
+#include "tessera/plugin.h"
+#include "tessera/train.h"
 
 namespace tessera::cli {
 
@@ -18,6 +23,7 @@ struct ExplainArgs {
   int layer = 0, head = 0, row = -1, digits = 3;
   bool fractions = false;
   std::string ids, rows;
+  int64_t item = -1;
 };
 
 std::string vec_str(const Tensor& t, int64_t row, int digits, bool frac) {  // row of a (T, D) tensor
@@ -27,12 +33,59 @@ std::string vec_str(const Tensor& t, int64_t row, int digits, bool frac) {  // r
   return s + (D > 1 ? ")" : "");
 }
 
+// Each row's block: "[CLS]" for a CLS row, else the name of the plugin it came from.
+std::vector<std::string> row_blocks(const Experiment& exp, const Batch& b, int64_t T) {
+  std::vector<std::string> v;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t m = b.modality.defined() ? b.modality.data<int32_t>()[t] : 0;
+    const bool cls = b.roles.defined() && b.roles.data<uint8_t>()[t] == TSR_ROLE_CLS;
+    v.push_back(cls ? "[CLS]" : m >= 0 && m < static_cast<int32_t>(exp.plugins.size()) ? exp.plugins[m].name : "?");
+  }
+  return v;
+}
+
+// The first sequence of a padded batch alone (an item that gives windows gives several).
+Batch first_sequence(const Batch& b) {
+  const int64_t n = b.lengths.empty() ? b.seq_len() : b.lengths[0];
+  auto cut = [n](const Tensor& t) { return t.defined() ? t.slice(0, 0, 1).slice(1, 0, n).contiguous() : Tensor(); };
+  Batch o;
+  o.ids = cut(b.ids);
+  o.rows = cut(b.rows);
+  o.roles = cut(b.roles);
+  o.types = cut(b.types);
+  o.kinds = cut(b.kinds);
+  o.modality = cut(b.modality);
+  o.lengths = {n};
+  return o;
+}
+
 int run_explain(const ExplainArgs& a) {
+  if (a.item >= 0 && (!a.ids.empty() || !a.rows.empty())) {
+    std::fprintf(stderr, "tessera explain: --item takes the input from the dataset: give it without --ids and --rows\n");
+    return kExitBadInput;
+  }
+  // The item first: its plugins may encode in worker processes, forked before the model's threads start.
+  std::optional<ExperimentItem> from_data;
+  if (a.item >= 0) {
+    std::optional<Experiment> exp = load(a.file, a.overrides);
+    if (!exp) return kExitBadInput;
+    Result<ExperimentItem> it = experiment_item(*exp, a.item);
+    if (!it.ok()) {
+      std::fprintf(stderr, "tessera explain: %s\n", it.status().message().c_str());
+      return kExitBadInput;
+    }
+    from_data = std::move(it).value();
+  }
   std::optional<Loaded> L = load_and_build(a.file, a.overrides);
   if (!L) return load_failure_exit_code();
   const ModelConfig& c = L->exp.model;
-  std::optional<Batch> batch = input_batch(L->exp, a.ids, a.rows);
+  std::optional<Batch> batch =
+      from_data ? std::optional<Batch>(first_sequence(from_data->batch)) : input_batch(L->exp, a.ids, a.rows);
   if (!batch) return kExitBadInput;
+  if (from_data)
+    std::printf("item %lld: %s (%lld rows%s)\n\n", static_cast<long long>(a.item), from_data->id.c_str(),
+                static_cast<long long>(batch->seq_len()),
+                from_data->batch.batch_size() > 1 ? ", the first of its sequences" : "");
   if (a.layer < 0 || a.layer >= c.n_layers || a.head < 0 || a.head >= c.n_heads) {
     std::fprintf(stderr, "tessera explain: --layer %d --head %d is outside the model (%lld layers, %lld heads)\n",
                  a.layer, a.head, static_cast<long long>(c.n_layers), static_cast<long long>(c.n_heads));
@@ -63,7 +116,10 @@ int run_explain(const ExplainArgs& a) {
   const int dg = a.digits;
   const bool fr = a.fractions;
   std::vector<std::string> label;
-  for (int64_t t = 0; t < T; ++t) {
+  const std::vector<std::string> block = from_data ? row_blocks(L->exp, *batch, T) : std::vector<std::string>();
+  for (int64_t t = 0; t < T && from_data; ++t)
+    label.push_back(block[static_cast<size_t>(t)] == "[CLS]" ? "[CLS]" : block[static_cast<size_t>(t)] + "#" + std::to_string(t));
+  for (int64_t t = 0; t < T && !from_data; ++t) {
     const int64_t ti = t - (L->model.rows_for(0));  // a CLS row comes first
     if (t < L->model.rows_for(0)) label.push_back("[CLS]");
     else if (ti < static_cast<int64_t>(L->exp.input.tokens.size()) && a.ids.empty() && a.rows.empty())
@@ -162,6 +218,37 @@ int run_explain(const ExplainArgs& a) {
   }
   const Tensor bout = out.captured.at("blocks." + std::to_string(a.layer) + ".out").select(0, 0);
   std::printf("  block output: %s\n", vec_str(bout, r, dg, fr).c_str());
+
+  // Several plugins in the sequence: how much each block of rows attends to each block, per head.
+  std::vector<std::string> names;  // the blocks, in order of first row
+  for (const std::string& b : block)
+    if (std::find(names.begin(), names.end(), b) == names.end()) names.push_back(b);
+  if (names.size() > 1 + static_cast<size_t>(std::count(names.begin(), names.end(), "[CLS]"))) {
+    const Tensor W = cap(".weights");  // (H, T, T)
+    std::printf("\nLayer %d: attention between the blocks of rows, every head (the weight a query row gives each "
+                "block's keys, averaged over the block's query rows; each row of a table sums to 1)\n",
+                a.layer);
+    for (int64_t h = 0; h < c.n_heads; ++h) {
+      std::vector<std::vector<std::string>> t{{"head " + std::to_string(h) + ": from \\ to"}};
+      for (const std::string& n : names) t[0].push_back(n);
+      for (const std::string& from : names) {
+        std::vector<std::string> row{from};
+        int64_t queries = 0;
+        std::vector<double> mass(names.size(), 0.0);
+        for (int64_t i = 0; i < T; ++i) {
+          if (block[static_cast<size_t>(i)] != from) continue;
+          ++queries;
+          for (int64_t j = 0; j < T; ++j) {
+            const size_t k = static_cast<size_t>(std::find(names.begin(), names.end(), block[static_cast<size_t>(j)]) - names.begin());
+            mass[k] += W.at({h, i, j});
+          }
+        }
+        for (double m : mass) row.push_back(fmt(m / static_cast<double>(queries), dg, fr));
+        t.push_back(row);
+      }
+      std::printf("%s", table(t, 2).c_str());
+    }
+  }
   return kExitOk;
 }
 
@@ -180,6 +267,9 @@ void add_explain_command(CLI::App& app, std::function<int()>* run) {
   cmd->add_flag("--fractions", args->fractions, "show values near p/q (q <= 64) as fractions");
   cmd->add_option("--ids", args->ids, "token ids instead of the experiment's input, e.g. 5,17,2");
   cmd->add_option("--rows", args->rows, "feature rows (.npy, (T, F)) instead of the experiment's input");
+  cmd->add_option("--item", args->item,
+                  "the N-th item (from 0) of the experiment's dataset, encoded as training encodes it, instead of the "
+                  "experiment's input");
   cmd->add_option("--set", args->overrides, "override a config key: key.path=value (repeatable)");
   cmd->callback([args, run] { *run = [args] { return run_explain(*args); }; });
 }

@@ -137,6 +137,7 @@ struct TrainSummary {
   int64_t steps_resumed = 0;   // of them, done before a resume
   int64_t examples = 0;        // training examples (classify) or windows (lm) per epoch
   double input_rows = 0;       // rows a training example gives the model: their mean (classify), seq_len (lm)
+  int64_t bad_items = 0;       // items of data.path that could not be encoded (counted, and training went on)
   double last_loss = 0;        // training loss of the last step
   EvalResult best;             // the best evaluation
   int64_t best_step = 0;

@@ -20,7 +20,6 @@ Status open_encoders(const Experiment& exp, std::vector<std::shared_ptr<const Pl
     plugins->push_back(*p);
   }
   const RuntimeConfig& rt = exp.runtime;
-  const ItemLimits limits{rt.max_item_bytes, rt.max_item_rows, rt.item_timeout_s, rt.worker_memory_mb};
   encoders->resize(static_cast<size_t>(std::max(1, rt.workers)));
   for (std::vector<Encoder>& per_worker : *encoders)
     for (size_t i = 0; i < plugins->size(); ++i) {
@@ -28,12 +27,8 @@ Status open_encoders(const Experiment& exp, std::vector<std::shared_ptr<const Pl
       if (!e.ok()) return e.status();
       per_worker.push_back(std::move(e).value());
     }
-  // An item that crashes, hangs or floods a plugin becomes one bad item (docs/PLUGINS.md).
   for (std::vector<Encoder>& per_worker : *encoders)
-    for (Encoder& e : per_worker) {
-      if (rt.isolate) TSR_RETURN_IF_ERROR(e.isolate(limits));
-      else e.limit(limits);
-    }
+    for (Encoder& e : per_worker) TSR_RETURN_IF_ERROR(confine_encoder(e, rt));
   return Status::Ok();
 }
 
@@ -58,20 +53,6 @@ Result<std::string> item_bytes(const ItemPart& p, int64_t max_bytes) {
                            std::to_string(p.offset + p.length));
   return buf;
 }
-
-namespace {
-
-// An item's inputs as its plugins get them: each part's bytes, or why they cannot be read (empty
-// for a missing part). Nothing is read for an item that is broken before any plugin sees it.
-std::vector<Result<std::string>> read_parts(const DataItem& item, int64_t max_bytes) {
-  std::vector<Result<std::string>> v;
-  if (!item.error.empty()) return v;
-  for (const ItemPart& p : item.parts)
-    v.push_back(p.missing ? Result<std::string>(std::string()) : item_bytes(p, max_bytes));
-  return v;
-}
-
-}  // namespace
 
 // What an item's outputs are computed from, besides the configuration: its id, name and label
 // (they are written beside its outputs), the error it was listed with, and per input its file,
@@ -104,8 +85,6 @@ uint64_t batch_content(const std::vector<uint64_t>& item_hashes) {
   return h;
 }
 
-Result<std::vector<TokenRows>> encode_part(Encoder& enc, const PluginItem& pi) { return enc.encode(pi); }
-
 Batcher::Batcher(const Experiment& exp, const std::vector<DataItem>& items,
                  std::vector<std::shared_ptr<const Plugin>> plugins, std::vector<std::vector<Encoder>>* encoders,
                  StemLayout layout, int64_t batch_size)
@@ -133,108 +112,17 @@ uint64_t Batcher::content_now(int64_t k) const {
   return batch_content(hashes);
 }
 
-// Appends plugin p's rows to s in the stem's layout: ids shifted into its block, features into
-// its columns.
-void Batcher::append_rows(Sequence& s, size_t p, const TokenRows& r) const {
-  const bool several = plugins_.size() > 1;
-  const int64_t F = exp_.model.stem.kind == StemKind::identity ? exp_.model.d_model : exp_.model.stem.n_features;
-  TokenRows& c = s.rows;
-  const int64_t at = c.size(), n = r.size();
-  if (r.kind == TSR_ROWS_FEATURES && !c.features.defined() && at == 0 && !several) {
-    c = r;  // one plugin: the rows as they are
-  } else {
-    if (r.kind == TSR_ROWS_FEATURES || c.features.defined()) {
-      Tensor f = Tensor::zeros({at + n, F});
-      if (c.features.defined() && at > 0) f.slice(0, 0, at).copy_from(c.features);
-      if (r.kind == TSR_ROWS_FEATURES) {
-        const int64_t col = layout_.column[p];
-        f.slice(0, at, at + n).slice(1, col, col + r.features.dim(1)).copy_from(r.features);
-      }
-      c.features = f;
-      c.kind = TSR_ROWS_FEATURES;
-    } else {
-      c.kind = TSR_ROWS_IDS;
-    }
-    c.ids.resize(static_cast<size_t>(at + n), 0);
-    if (r.kind == TSR_ROWS_IDS)
-      for (int64_t i = 0; i < n; ++i)
-        c.ids[static_cast<size_t>(at + i)] = r.ids[static_cast<size_t>(i)] + static_cast<int32_t>(layout_.id_offset[p]);
-    c.positions.insert(c.positions.end(), r.positions.begin(), r.positions.end());
-    c.roles.insert(c.roles.end(), r.roles.begin(), r.roles.end());
-    c.provenance.insert(c.provenance.end(), r.provenance.begin(), r.provenance.end());
-    if (c.picture.width == 0 && r.picture.width > 0) {
-      c.picture = r.picture;
-      c.grid_rows = r.grid_rows;
-      c.grid_cols = r.grid_cols;
-      s.picture_begin = at;
-      s.picture_end = at + n;
-    }
-  }
-  s.kinds.insert(s.kinds.end(), static_cast<size_t>(n), r.kind == TSR_ROWS_FEATURES ? 1 : 0);
-  s.modality.insert(s.modality.end(), static_cast<size_t>(n), static_cast<int32_t>(p));
-}
-
 void Batcher::encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch* out) const {
   const DataItem& item = items_[static_cast<size_t>(index)];
-  auto fail = [&](const std::string& file, const std::string& reason) {
-    out->errors.push_back({index, item.id, file, reason});
-  };
   // Read once: what the plugins encode is what the manifest records as the item's content.
   const std::vector<Result<std::string>> bytes = read_parts(item, exp_.runtime.max_item_bytes);
   out->item_hashes.emplace_back(index, item_content_hash(item, bytes));
-  if (!item.error.empty())
-    return fail(!item.source.empty() ? item.source : item.parts.empty() ? std::string() : item.parts[0].path, item.error);
-  std::vector<std::vector<TokenRows>> per_plugin(encs.size());
-  std::vector<size_t> given;  // the plugins with an input for this item
-  for (size_t p = 0; p < encs.size(); ++p) {
-    const ItemPart& part = item.parts[p];
-    if (part.missing) continue;
-    if (!bytes[p].ok()) return fail(part.path, bytes[p].status().message());
-    PluginItem pi;
-    pi.id = item.id;
-    pi.source = part.path;
-    pi.data = bytes[p].value();
-    pi.source_offset = part.offset;
-    pi.source_line = part.line;
-    Result<std::vector<TokenRows>> rows = encode_part(encs[p], pi);
-    if (!rows.ok()) return fail(part.path, rows.status().message());
-    per_plugin[p] = std::move(rows).value();
-    given.push_back(p);
+  ItemSequences made = run::encode_item(exp_, layout_, encs, item, index, bytes);
+  if (!made.ok()) {
+    out->errors.push_back({index, item.id, made.file, made.reason});
+    return;
   }
-  if (given.empty()) return fail(item.source, "no input for any plugin");
-  std::vector<Sequence> made;
-  if (given.size() == 1) {  // one input: each of its sequences (windows) is a sequence
-    const size_t p = given[0];
-    for (TokenRows& r : per_plugin[p]) {
-      made.emplace_back();
-      made.back().item = index;
-      made.back().id = r.label.empty() ? item.id : item.id + "/" + r.label;
-      append_rows(made.back(), p, r);
-    }
-  } else {  // several inputs: one sequence, their rows one after another
-    for (size_t p : given)
-      if (per_plugin[p].size() != 1)
-        return fail(item.parts[p].path, "plugin " + plugins_[p]->name() + " gave " + std::to_string(per_plugin[p].size()) +
-                                            " sequences; in a multimodal sequence each plugin gives one");
-    made.emplace_back();
-    made.back().item = index;
-    made.back().id = item.id;
-    for (size_t p : given) append_rows(made.back(), p, per_plugin[p][0]);
-  }
-  // A sequence longer than the positions reach is a bad item (its batch would fail otherwise).
-  const PositionConfig& pos = exp_.model.positions;
-  for (const Sequence& s : made)
-    if ((pos.kind == PositionKind::learned || pos.kind == PositionKind::sinusoidal) && s.rows.size() > pos.max_len)
-      return fail(item.parts[given[0]].path,
-                  std::to_string(s.rows.size()) + " rows, more than model.positions.max_len (" + std::to_string(pos.max_len) +
-                      "): give the plugin a maximum length and a length policy (truncate, windows), or raise max_len");
-  const bool mixed = exp_.model.stem.kind == StemKind::mixed;
-  const bool modal = exp_.model.stem.modalities > 0;
-  for (Sequence& s : made) {
-    if (!modal) s.modality.clear();
-    if (!mixed) s.kinds.clear();
-    out->seqs.push_back(std::move(s));
-  }
+  for (Sequence& s : made.seqs) out->seqs.push_back(std::move(s));
 }
 
 EncodedBatch Batcher::encode_batch(int64_t k) {

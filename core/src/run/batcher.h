@@ -29,14 +29,10 @@ Result<std::string> item_bytes(const ItemPart& p, int64_t max_bytes = 0);
 uint64_t item_content_hash(const DataItem& item, const std::vector<Result<std::string>>& bytes);
 uint64_t batch_content(const std::vector<uint64_t>& item_hashes);
 
-// The one place where an item's input meets a plugin. In-process today; a worker-process pool
-// (per-item time and memory limits, a crash makes one item bad) replaces this call and nothing
-// else.
-Result<std::vector<TokenRows>> encode_part(Encoder& enc, const PluginItem& pi);
-
 // The experiment's plugins loaded and, for each of runtime.workers decoding threads, one encoder
 // per plugin: each in a worker process of its own (runtime.isolate; forked here, so call this
-// before the model starts its threads), or in-process under the same item limits.
+// before the model starts its threads), or in-process under the same item limits
+// (confine_encoder, sequences.h).
 // encoders: [worker][plugin].
 Status open_encoders(const Experiment& exp, std::vector<std::shared_ptr<const Plugin>>* plugins,
                      std::vector<std::vector<Encoder>>* encoders);
@@ -55,8 +51,8 @@ class Batcher {
   uint64_t content_now(int64_t k) const;
 
  private:
+  // Item `index` read, hashed and encoded (sequences.h's encode_item) into `out`.
   void encode_item(int64_t index, std::vector<Encoder>& encs, EncodedBatch* out) const;
-  void append_rows(Sequence& s, size_t p, const TokenRows& r) const;
 
   const Experiment& exp_;
   const std::vector<DataItem>& items_;

@@ -1,7 +1,8 @@
-// What the parts of a batch run share (internal to core/src/run): a sequence ready for the
-// model, a bad item, a batch as the batcher hands it over, and the names of shard and attention
-// files. The parts: batcher (items -> encoded batches), writers (per-task outputs, shards, the
-// merge), run_folder (lock, manifest, resume, temporary files), runner.cpp (the loop).
+// What the parts of a batch run share (internal to core/src/run): a bad item, a batch as the
+// batcher hands it over, and the names of shard and attention files (a sequence ready for the
+// model is in sequences.h, which training shares). The parts: batcher (items -> encoded
+// batches), writers (per-task outputs, shards, the merge), run_folder (lock, manifest, resume,
+// temporary files), runner.cpp (the loop).
 #pragma once
 
 #include <cctype>
@@ -14,23 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "sequences.h"
 #include "tessera/fileio.h"
 #include "tessera/plugins.h"
 
 namespace tessera::run {
 
 using json = nlohmann::json;
-
-// One sequence ready for the model: an item's rows (all its plugins' rows, concatenated), or one
-// window of an item.
-struct Sequence {
-  int64_t item = 0;
-  std::string id;
-  TokenRows rows;
-  std::vector<uint8_t> kinds;      // per row: 0 token row, 1 feature row
-  std::vector<int32_t> modality;   // per row: the plugin it came from
-  int64_t picture_begin = 0, picture_end = -1;  // the rows of the plugin that drew rows.picture; -1: all
-};
 
 // A bad item: recorded in errors.jsonl, and the run goes on.
 struct ItemError {

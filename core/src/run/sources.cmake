@@ -1,6 +1,7 @@
 target_sources(tessera PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/dataset.cpp
   ${CMAKE_CURRENT_LIST_DIR}/heatmap.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sequences.cpp
   ${CMAKE_CURRENT_LIST_DIR}/batcher.cpp
   ${CMAKE_CURRENT_LIST_DIR}/batch_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/writers.cpp

@@ -2,6 +2,7 @@
 # and gradient helpers (tessera/train.h, checkpoint.h, optim.h). No oneDNN here.
 target_sources(tessera PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/trainer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/examples.cpp
   ${CMAKE_CURRENT_LIST_DIR}/baseline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/masking.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp

@@ -1,6 +1,7 @@
-// `tessera train`: data in (the experiment's dataset through its plugin, encoded once), the model
-// trained step by step (compute_gradients, clipping, the optimizer at the scheduled rate),
-// evaluated on the held-out part, checkpointed, and resumable to bit-identical weights.
+// `tessera train`: data in (the experiment's dataset through its plugins, encoded once, each item
+// as a batch run encodes it: run/sequences.h), the model trained step by step (compute_gradients,
+// clipping, the optimizer at the scheduled rate), evaluated on the held-out part, checkpointed,
+// and resumable to bit-identical weights.
 //
 // Everything random is a function of (train.seed, step): the data order of an epoch is a seeded
 // permutation, an LM window's offset a draw seeded by (seed, step, example). So a checkpoint needs
@@ -26,6 +27,8 @@
 #include "tessera/safetensors.h"
 #include "tessera/tensor_reuse.h"
 #include "tessera/train.h"
+#include "run/sequences.h"
+#include "train/examples.h"
 #include "train/report.h"
 
 namespace tessera {
@@ -35,51 +38,73 @@ using nlohmann::json;
 
 namespace {
 
+using train::Augment;
+using train::Example;
+using train::make_batch;
+using train::make_example;
+using train::RowFormat;
+
 // ---------------------------------------------------------------------------------------------
 // Data: every item encoded once, kept in memory.
 
-struct Example {
-  std::vector<int32_t> ids;    // token rows
-  std::vector<float> rows;     // feature rows, n × F
-  std::vector<uint8_t> roles;  // per row
-  // Kept only where the plugin augments (feature rows): what its augment() reads besides rows.
-  std::vector<std::array<int32_t, 2>> positions;
-  int grid_rows = 0, grid_cols = 0;
-  int32_t label = -1;
-  int64_t n() const { return static_cast<int64_t>(roles.size()); }
-};
-
 struct Encoded {
-  bool ids = true;             // token ids, else feature rows
-  int64_t width = 0;           // F
+  RowFormat format;
   std::vector<Example> items;  // classify
   std::vector<int32_t> stream; // lm: every item's ids, one after another
   int64_t failed = 0;
   std::vector<std::string> errors;
 };
 
-struct Source {
-  std::shared_ptr<const Plugin> plugin;
-  Encoder encoder;
+// The experiment's plugins, one encoder each, and the stem layout their rows are joined in.
+struct Sources {
+  std::vector<std::shared_ptr<const Plugin>> plugins;
+  std::vector<Encoder> encoders;  // per plugin
+  StemLayout layout;
+  const Plugin& plugin() const { return *plugins[0]; }    // the one plugin of lm and mlm training
+  const Encoder& encoder() const { return encoders[0]; }
+  std::vector<PluginInput> inputs() const {
+    std::vector<PluginInput> v;
+    for (const auto& p : plugins) v.push_back({p->name(), p->input_kind(), p->extensions()});
+    return v;
+  }
 };
 
-Result<Source> open_plugin(const Experiment& exp) {
-  if (exp.plugins.size() != 1)
-    return Status::Invalid("train: the experiment needs exactly one plugin (found " +
-                           std::to_string(exp.plugins.size()) + "); multimodal training is not supported yet");
-  Result<std::shared_ptr<const Plugin>> p = Plugin::load(exp.plugins[0].file);
-  if (!p.ok()) return p.status();
-  Result<Encoder> e = Encoder::create(*p, exp.plugins[0].options);
-  if (!e.ok()) return e.status();
-  Source src{*p, std::move(e).value()};
-  // As in a batch run: the plugin encodes in a worker process under the item limits, so that an
+Result<Sources> open_plugins(const Experiment& exp) {
+  if (exp.plugins.empty()) return Status::Invalid(exp.file + ": no plugins: list the modality plugins under plugins:");
+  // Several plugins make one multimodal sequence per item: a classifier's example. A language
+  // model's stream and a masked LM's masks are one tokenizer's ids.
+  if (exp.plugins.size() > 1 && exp.train.objective != Objective::classify)
+    return Status::Invalid(Diagnostic{exp.plugins[1].where, "plugins[1]",
+                                      std::to_string(exp.plugins.size()) +
+                                          " plugins make one multimodal sequence per item, which training reads only "
+                                          "with a classifier head (train.objective classify); a language model's stream "
+                                          "and a masked LM's masks are one tokenizer's ids",
+                                      "keep one plugin to train a language model"}
+                               .str());
+  Diagnostics diags;
+  check_plugins_fit(exp, &diags);
+  if (!diags.empty()) return Status::Invalid(diags.str());
+  Sources src;
+  std::vector<tsr_encoder_info> infos;
+  for (const PluginConfig& pc : exp.plugins) {
+    Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
+    if (!p.ok()) return p.status();
+    Result<Encoder> e = Encoder::create(*p, pc.options);
+    if (!e.ok()) return e.status();
+    src.plugins.push_back(*p);
+    src.encoders.push_back(std::move(e).value());
+    infos.push_back(src.encoders.back().info());
+  }
+  // As in a batch run: each plugin encodes in a worker process under the item limits, so that an
   // item that crashes, hangs or floods it is one bad item, not the end of training (and of every
   // --resume after it). Called before the model starts its threads.
-  const RuntimeConfig& rt = exp.runtime;
-  const ItemLimits limits{rt.max_item_bytes, rt.max_item_rows, rt.item_timeout_s, rt.worker_memory_mb};
-  if (rt.isolate) TSR_RETURN_IF_ERROR(src.encoder.isolate(limits));
-  else src.encoder.limit(limits);
+  for (Encoder& e : src.encoders) TSR_RETURN_IF_ERROR(run::confine_encoder(e, exp.runtime));
+  src.layout = stem_layout(infos);
   return src;
+}
+
+bool any_augments(const Sources& src) {
+  return std::any_of(src.encoders.begin(), src.encoders.end(), [](const Encoder& e) { return e.augments(); });
 }
 
 // The class of an item: its label (a manifest column, an IDX labels file) or, for a directory
@@ -125,20 +150,20 @@ int32_t class_index(const std::vector<std::string>& classes, const std::string& 
 // train.separator's ids: its encoding by the plugin, content rows only (no BOS/EOS the tokenizer
 // may add to every item). Empty for an empty separator; a separator that gives no content rows
 // (whitespace under WordPiece, say) is an error naming the key's place.
-Result<std::vector<int32_t>> separator_ids(const Experiment& exp, const Source& src) {
+Result<std::vector<int32_t>> separator_ids(const Experiment& exp, const Sources& src) {
   const std::string& sep = exp.train.separator;
   if (sep.empty()) return std::vector<int32_t>{};
   auto problem = [&](const std::string& what, const std::string& hint) {
     Diagnostic d{exp.where("train.separator"), "train.separator", what, hint};
     return Status::Invalid(d.str());
   };
-  if (src.encoder.info().rows_kind != TSR_ROWS_IDS)
-    return problem("the " + src.plugin->name() + " plugin gives feature rows, not token ids, so there is no stream to "
+  if (src.encoder().info().rows_kind != TSR_ROWS_IDS)
+    return problem("the " + src.plugin().name() + " plugin gives feature rows, not token ids, so there is no stream to "
                    "separate items in", "set train.separator: \"\"");
   PluginItem pi;
   pi.id = "train.separator";
   pi.data = sep;
-  Result<std::vector<TokenRows>> rows = src.encoder.encode(pi);
+  Result<std::vector<TokenRows>> rows = src.encoder().encode(pi);
   if (!rows.ok()) return problem("the plugin cannot encode it: " + rows.status().message(), "choose another separator, or \"\" for none");
   std::vector<int32_t> ids;
   for (const TokenRows& r : *rows)
@@ -148,7 +173,7 @@ Result<std::vector<int32_t>> separator_ids(const Experiment& exp, const Source& 
     return problem("the tokenizer gives no tokens for " + std::string(sep == "\n" ? "\"\\n\" (the default)" : "it"),
                    "choose a separator the tokenizer keeps (tokenizer bytes keeps \"\\n\"), or \"\" for none");
   // An unknown-character id would stand for it silently: the ids must decode to the separator.
-  Result<std::string> back = src.encoder.decode(ids);
+  Result<std::string> back = src.encoder().decode(ids);
   if (back.ok() && *back != sep)
     return problem("the tokenizer cannot represent it (its ids decode to " + json(*back).dump() + ")",
                    "a chars vocabulary holds no \"\\n\" (a character a line): use tokenizer bytes, or set "
@@ -156,17 +181,20 @@ Result<std::vector<int32_t>> separator_ids(const Experiment& exp, const Source& 
   return ids;
 }
 
-// Encodes a dataset. Bad items are counted and their reasons kept; they do not stop training.
-// lm: the items' ids one after another, `sep` between two items.
-Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Source& src,
+// Encodes a dataset, each item as a batch run encodes it (run::encode_item). Bad items are counted
+// and their reasons kept; they do not stop training. lm: the items' ids one after another, `sep`
+// between two items.
+Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sources& src,
                        const std::vector<std::string>& classes, bool lm, const std::vector<int32_t>& sep = {}) {
-  std::vector<PluginInput> inputs = {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}};
-  Result<std::vector<DataItem>> items = read_dataset(data, inputs);
+  Result<std::vector<DataItem>> items = read_dataset(data, src.inputs());
   if (!items.ok()) return items.status();
   Encoded e;
-  e.ids = src.encoder.info().rows_kind == TSR_ROWS_IDS;
-  e.width = e.ids ? 0 : src.encoder.info().width;
-  for (const DataItem& item : *items) {
+  e.format = train::row_format(exp.model, src.encoders, src.layout);
+  const bool keep_positions = any_augments(src);
+  run::AssembleOptions assemble;
+  assemble.check_max_len = !lm;  // an LM's items are cut into windows of seq_len
+  for (size_t index = 0; index < items->size(); ++index) {
+    const DataItem& item = (*items)[index];
     auto fail = [&](const std::string& why) {
       ++e.failed;
       if (e.errors.size() < 20) e.errors.push_back(item.id + ": " + why);
@@ -183,44 +211,25 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
         continue;
       }
     }
-    Result<std::string> bytes = item_part_bytes(item.parts[0], exp.runtime.max_item_bytes);
-    if (!bytes.ok()) {
-      fail(bytes.status().message());
+    const run::ItemSequences made =
+        run::encode_item(exp, src.layout, src.encoders, item, static_cast<int64_t>(index),
+                         run::read_parts(item, exp.runtime.max_item_bytes), assemble);
+    if (!made.ok()) {
+      fail(made.reason);
       continue;
     }
-    PluginItem pi;
-    pi.id = item.id;
-    pi.source = item.parts[0].path;
-    pi.data = *bytes;
-    pi.source_offset = item.parts[0].offset;
-    pi.source_line = item.parts[0].line;
-    Result<std::vector<TokenRows>> rows = src.encoder.encode(pi);
-    if (!rows.ok()) {
-      fail(rows.status().message());
-      continue;
-    }
-    for (const TokenRows& r : *rows) {
+    for (const run::Sequence& s : made.seqs) {
       if (lm) {
         if (!e.stream.empty()) e.stream.insert(e.stream.end(), sep.begin(), sep.end());
-        e.stream.insert(e.stream.end(), r.ids.begin(), r.ids.end());
+        e.stream.insert(e.stream.end(), s.rows.ids.begin(), s.rows.ids.end());
         continue;
       }
       if (exp.train.objective == Objective::mlm &&
-          std::none_of(r.roles.begin(), r.roles.end(), [](uint8_t role) { return role == TSR_ROLE_CONTENT; })) {
+          std::none_of(s.rows.roles.begin(), s.rows.roles.end(), [](uint8_t role) { return role == TSR_ROLE_CONTENT; })) {
         fail("no content rows to mask (only special rows)");
         continue;
       }
-      Example ex;
-      ex.label = label;
-      ex.roles = r.roles;
-      if (e.ids) ex.ids = r.ids;
-      else ex.rows.assign(r.features.data<float>(), r.features.data<float>() + r.features.numel());
-      if (!e.ids && src.encoder.augments()) {
-        ex.positions = r.positions;
-        ex.grid_rows = r.grid_rows;
-        ex.grid_cols = r.grid_cols;
-      }
-      e.items.push_back(std::move(ex));
+      e.items.push_back(make_example(e.format, s, label, keep_positions));
     }
   }
   return e;
@@ -232,22 +241,22 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
 // The mask token (train.mask_id, else the plugin's) and the ordinary tokens a random replacement
 // draws from: the distinct ids of the training set's content rows, in id order, the mask token
 // not among them. No mask token is an error at train.mask_id's (or train.objective's) place.
-Result<MaskSpec> mask_spec(const Experiment& exp, const Source& src, const Encoded& train) {
+Result<MaskSpec> mask_spec(const Experiment& exp, const Sources& src, const Encoded& train) {
   const TrainConfig& tc = exp.train;
   MaskSpec spec;
   spec.prob = tc.mask_prob;
   spec.replace = tc.mask_replace;
   spec.random = tc.mask_random;
-  if (!train.ids)
+  if (!train.format.ids)
     return Status::Invalid(Diagnostic{exp.where("train.objective"), "train.objective",
-                                      "mlm masks token ids, but the " + src.plugin->name() + " plugin gives feature rows",
+                                      "mlm masks token ids, but the " + src.plugin().name() + " plugin gives feature rows",
                                       "use a plugin that gives ids (text, protein)"}.str());
-  spec.mask_id = tc.mask_id >= 0 ? static_cast<int32_t>(tc.mask_id) : src.encoder.mask_id();
+  spec.mask_id = tc.mask_id >= 0 ? static_cast<int32_t>(tc.mask_id) : src.encoder().mask_id();
   if (spec.mask_id < 0) {
     const bool given = exp.locations.count("train.mask_id") > 0;
     return Status::Invalid(Diagnostic{exp.where(given ? "train.mask_id" : "train.objective"),
                                       given ? "train.mask_id" : "train.objective",
-                                      "mlm needs a mask token, and the " + src.plugin->name() +
+                                      "mlm needs a mask token, and the " + src.plugin().name() +
                                           " plugin's vocabulary under these options has none",
                                       "set train.mask_id to an id the model's vocabulary holds that the data never "
                                       "uses (a WordPiece vocabulary's [MASK] and ESM's <mask> are found by themselves)"}
@@ -275,58 +284,14 @@ Result<MaskSpec> mask_spec(const Experiment& exp, const Source& src, const Encod
 // ---------------------------------------------------------------------------------------------
 // Batches
 
-uint64_t mix(uint64_t a, uint64_t b) { return fnv1a(&b, sizeof b, fnv1a(&a, sizeof a)); }
-
-// Training augmentation: the plugin's seeded transform of each example's feature rows, drawn from
-// (train.seed, step, the example's index), so a resumed run draws what the uninterrupted one drew.
-struct Augment {
-  const Encoder* encoder = nullptr;  // null: none
-  uint64_t seed = 0;                 // (train.seed, step)
-  std::vector<int64_t> index;        // each example's index in the training set
-};
-
-Status augment_rows(const Augment& aug, const Example& e, int64_t index, int64_t width, float* out) {
-  TokenRows r;
-  r.kind = TSR_ROWS_FEATURES;
-  r.features = Tensor::wrap(const_cast<float*>(e.rows.data()), {e.n(), width}, DType::f32, nullptr);
-  r.positions = e.positions;
-  r.roles = e.roles;
-  r.grid_rows = e.grid_rows;
-  r.grid_cols = e.grid_cols;
-  return aug.encoder->augment(r, mix(aug.seed, static_cast<uint64_t>(index)), out);
-}
-
-// The examples idx of `data` as one padded batch (classify), augmented when `aug` says so.
-Result<Batch> make_batch(const Encoded& data, const std::vector<const Example*>& ex, Tensor* labels,
-                         const Augment* aug = nullptr) {
-  const int64_t B = static_cast<int64_t>(ex.size());
-  int64_t T = 1;
-  for (const Example* e : ex) T = std::max(T, e->n());
-  Batch b;
-  b.roles = Tensor::zeros({B, T}, DType::u8);
-  if (data.ids) b.ids = Tensor::zeros({B, T}, DType::i32);
-  else b.rows = Tensor::zeros({B, T, data.width});
-  *labels = Tensor::empty({B}, DType::i32);
-  for (int64_t i = 0; i < B; ++i) {
-    const Example& e = *ex[static_cast<size_t>(i)];
-    b.lengths.push_back(e.n());
-    labels->data<int32_t>()[i] = e.label;
-    std::copy(e.roles.begin(), e.roles.end(), b.roles.data<uint8_t>() + i * T);
-    for (int64_t t = e.n(); t < T; ++t) b.roles.data<uint8_t>()[i * T + t] = TSR_ROLE_PAD;
-    float* rows = data.ids ? nullptr : b.rows.data<float>() + i * T * data.width;
-    if (data.ids) std::copy(e.ids.begin(), e.ids.end(), b.ids.data<int32_t>() + i * T);
-    else if (aug && aug->encoder) TSR_RETURN_IF_ERROR(augment_rows(*aug, e, aug->index[static_cast<size_t>(i)], data.width, rows));
-    else std::copy(e.rows.begin(), e.rows.end(), rows);
-  }
-  return b;
-}
+using train::mix;
 
 // mlm: the examples as one padded batch, each masked under its key; targets (B, T) hold the
 // original id at the chosen rows and -1 elsewhere (padding included).
 Result<Batch> make_mlm_batch(const Encoded& data, const std::vector<const Example*>& ex, const std::vector<uint64_t>& keys,
                              const MaskSpec& spec, Tensor* targets) {
   Tensor labels;
-  TSR_ASSIGN_OR_RETURN(Batch b, make_batch(data, ex, &labels));
+  TSR_ASSIGN_OR_RETURN(Batch b, make_batch(data.format, ex, &labels));
   const int64_t B = b.ids.shape()[0], T = b.ids.shape()[1];
   *targets = Tensor::empty({B, T}, DType::i32);
   std::fill(targets->data<int32_t>(), targets->data<int32_t>() + B * T, -1);
@@ -391,7 +356,7 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
       std::vector<const Example*> ex;
       for (size_t i = i0; i < std::min(data.items.size(), i0 + static_cast<size_t>(batch)); ++i) ex.push_back(&data.items[i]);
       Tensor labels;
-      TSR_ASSIGN_OR_RETURN(const Batch b, make_batch(data, ex, &labels));
+      TSR_ASSIGN_OR_RETURN(const Batch b, make_batch(data.format, ex, &labels));
       Outputs out;
       TSR_RETURN_IF_ERROR(m->forward(b, fo, &out));
       for (size_t i = 0; i < ex.size(); ++i) {
@@ -530,14 +495,13 @@ Status trim_metrics(const std::string& path, int64_t last_step) {
 
 // The training and held-out sets: validation_data when given, else the last share of an LM's
 // stream (as corpora are split) or a seeded share of the items.
-Status split_data(const Experiment& exp, const Source& src, const std::vector<std::string>& classes, bool lm,
+Status split_data(const Experiment& exp, const Sources& src, const std::vector<std::string>& classes, bool lm,
                   const std::vector<int32_t>& sep, Encoded&& all, Encoded* train_out, Encoded* val_out) {
   const TrainConfig& tc = exp.train;
   Encoded& train = *train_out;
   Encoded& val = *val_out;
   val = Encoded{};
-  val.ids = all.ids;
-  val.width = all.width;
+  val.format = all.format;
   if (!tc.validation_data.empty()) {
     DataConfig vd = exp.data;
     vd.path = tc.validation_data;
@@ -826,11 +790,11 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   Progress progress(opt.progress);
 
   // Data.
-  TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
+  TSR_ASSIGN_OR_RETURN(Sources src, open_plugins(exp));
   std::vector<std::string> classes;
   if (tc.objective == Objective::classify) {
     Result<std::vector<DataItem>> listed =
-        read_dataset(exp.data, {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}});
+        read_dataset(exp.data, src.inputs());
     if (!listed.ok()) return listed.status().with_prefix("data.path");
     classes = class_names(c, *listed);
     if (static_cast<int64_t>(classes.size()) != c.head.n_classes)
@@ -844,6 +808,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   }
   TSR_ASSIGN_OR_RETURN(Encoded all, encode(exp, exp.data, src, classes, lm, sep));
   if (all.failed) progress.line("train: " + std::to_string(all.failed) + " item(s) could not be read: " + all.errors[0]);
+  sum.bad_items = all.failed;
   Encoded train, val;
   TSR_RETURN_IF_ERROR(split_data(exp, src, classes, lm, sep, std::move(all), &train, &val));
   const bool mlm = tc.objective == Objective::mlm;
@@ -1067,13 +1032,14 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       } else {
         std::vector<const Example*> ex;
         Augment aug;
-        if (src.encoder.augments()) {
-          aug.encoder = &src.encoder;
+        if (any_augments(src)) {
+          for (const Encoder& enc : src.encoders) aug.encoders.push_back(enc.augments() ? &enc : nullptr);
+          aug.several = src.encoders.size() > 1;
           aug.seed = mix(mix(tc.seed, 0xa06e47), static_cast<uint64_t>(step));
           aug.index = mb;
         }
         for (int64_t i : mb) ex.push_back(&train.items[static_cast<size_t>(i)]);
-        Result<Batch> made = make_batch(train, ex, &tg.labels, &aug);
+        Result<Batch> made = make_batch(train.format, ex, &tg.labels, &aug);
         if (!made.ok()) return made.status().with_prefix("train: step " + std::to_string(step + 1));
         b = std::move(made).value();
       }
@@ -1190,6 +1156,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
             {"stopped_early", sum.stopped_early}, {"classes", classes}};
   if (sum.test.counted) s["test"] = eval_json(sum.test);
   if (sum.budget_minutes > 0) s["budget_minutes"] = sum.budget_minutes;
+  if (sum.bad_items > 0) s["bad_items"] = sum.bad_items;
   TSR_RETURN_IF_ERROR(write_file_atomic((fs::path(sum.dir) / "summary.json").string(), s.dump(2) + "\n"));
   plots(sum.test.counted ? sum.test.confusion : best.confusion);
   const std::string model_line = "d_model " + std::to_string(c.d_model) + ", " + std::to_string(c.n_layers) +
@@ -1240,7 +1207,7 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
     if (!p.ok()) return p.status().with_prefix("eval: --weights " + o.weights);
     params = std::move(p).value();
   }
-  TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
+  TSR_ASSIGN_OR_RETURN(Sources src, open_plugins(exp));
   EvalReport rep;
   const bool mlm = tc.objective == Objective::mlm;
   if (tc.objective == Objective::classify) {
@@ -1248,7 +1215,7 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
       return Status::Invalid("eval: the classes come from model.head.labels or the training data (data.path); give one");
     if (c.head.labels.empty()) {
       Result<std::vector<DataItem>> listed =
-          read_dataset(exp.data, {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}});
+          read_dataset(exp.data, src.inputs());
       if (!listed.ok()) return listed.status().with_prefix("data.path");
       rep.classes = class_names(c, *listed);
     } else {
@@ -1297,7 +1264,7 @@ Result<EvalReport> evaluate_experiment(const Experiment& exp, const EvalOptions&
     // The scored tokens are the targets of whole windows: stream[1 .. n·T].
     const int64_t T = tc.seq_len, n = (static_cast<int64_t>(set.stream.size()) - 1) / T;
     const std::vector<int32_t> scored(set.stream.begin() + 1, set.stream.begin() + 1 + n * T);
-    Result<std::string> text = src.encoder.decode(scored);
+    Result<std::string> text = src.encoder().decode(scored);
     if (text.ok()) {
       for (unsigned char ch : *text) rep.result.characters += (ch & 0xC0) != 0x80;
       if (rep.result.characters > 0)
@@ -1320,9 +1287,9 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
   const TrainConfig& tc = exp.train;
   if (exp.data.path.empty()) return Status::Invalid("--item: the experiment has no data.path to take item " +
                                                     std::to_string(index) + " from");
-  TSR_ASSIGN_OR_RETURN(Source src, open_plugin(exp));
+  TSR_ASSIGN_OR_RETURN(Sources src, open_plugins(exp));
   Result<std::vector<DataItem>> listed =
-      read_dataset(exp.data, {{src.plugin->name(), src.plugin->input_kind(), src.plugin->extensions()}});
+      read_dataset(exp.data, src.inputs());
   if (!listed.ok()) return listed.status().with_prefix("data.path");
   const int64_t n = static_cast<int64_t>(listed->size());
   if (index < 0 || index >= n)
@@ -1341,26 +1308,16 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
       return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): its label \"" + label_text(item) +
                              "\" is not one of the " + std::to_string(classes.size()) + " classes");
   }
-  TSR_ASSIGN_OR_RETURN(std::string bytes, item_part_bytes(item.parts[0]));
-  PluginItem pi;
-  pi.id = item.id;
-  pi.source = item.parts[0].path;
-  pi.data = std::move(bytes);
-  pi.source_offset = item.parts[0].offset;
-  pi.source_line = item.parts[0].line;
-  Result<std::vector<TokenRows>> rows = src.encoder.encode(pi);
-  if (!rows.ok()) return rows.status().with_prefix("--item " + std::to_string(index));
+  // Encoded as training encodes it: the same sequences, without augmentation.
+  const run::ItemSequences made =
+      run::encode_item(exp, src.layout, src.encoders, item, index, run::read_parts(item, exp.runtime.max_item_bytes),
+                       {tc.objective != Objective::lm});
+  if (!made.ok())
+    return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): " +
+                           (made.file.empty() ? "" : made.file + ": ") + made.reason);
   Encoded e;
-  e.ids = src.encoder.info().rows_kind == TSR_ROWS_IDS;
-  e.width = e.ids ? 0 : src.encoder.info().width;
-  for (const TokenRows& r : *rows) {
-    Example ex;
-    ex.label = label;
-    ex.roles = r.roles;
-    if (e.ids) ex.ids = r.ids;
-    else ex.rows.assign(r.features.data<float>(), r.features.data<float>() + r.features.numel());
-    e.items.push_back(std::move(ex));
-  }
+  e.format = train::row_format(c, src.encoders, src.layout);
+  for (const run::Sequence& s : made.seqs) e.items.push_back(make_example(e.format, s, label, false));
   std::vector<const Example*> ex;
   for (const Example& x : e.items) ex.push_back(&x);
   out.targets.label_smoothing = static_cast<float>(tc.label_smoothing);
@@ -1384,7 +1341,7 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
     }
     out.loss = "masked-LM cross-entropy at the " + std::to_string(chosen) + " chosen rows" + seqs;
   } else {
-    TSR_ASSIGN_OR_RETURN(out.batch, make_batch(e, ex, &out.targets.labels));
+    TSR_ASSIGN_OR_RETURN(out.batch, make_batch(e.format, ex, &out.targets.labels));
     if (tc.objective == Objective::lm) {
       out.targets.labels = Tensor();
       out.targets.tokens = next_token_targets(out.batch);
