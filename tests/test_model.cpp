@@ -14,6 +14,7 @@
 #include "tessera/plugin.h"
 #include "tessera/random.h"
 #include "tessera/safetensors.h"
+#include "tessera/train.h"
 
 using namespace tessera;
 
@@ -376,7 +377,7 @@ TEST(Heads, PoolingAndProbabilities) {
   c.stem.kind = StemKind::identity;
   c.head.kind = HeadKind::classifier;
   c.head.n_classes = 3;
-  for (PoolKind pool : {PoolKind::mean, PoolKind::last}) {
+  for (PoolKind pool : {PoolKind::mean, PoolKind::last, PoolKind::max}) {
     c.head.pool = pool;
     const Model m = build(c);
     Batch b = random_rows(2, 5, c.d_model, 4);
@@ -387,7 +388,10 @@ TEST(Heads, PoolingAndProbabilities) {
       for (int64_t d = 0; d < c.d_model; ++d) {
         double want = 0;
         if (pool == PoolKind::last) want = o.hidden.at({i, n - 1, d});
-        else {
+        else if (pool == PoolKind::max) {  // the valid rows only: padding never wins
+          want = o.hidden.at({i, 0, d});
+          for (int64_t t = 1; t < n; ++t) want = std::max(want, static_cast<double>(o.hidden.at({i, t, d})));
+        } else {
           for (int64_t t = 0; t < n; ++t) want += o.hidden.at({i, t, d});
           want /= static_cast<double>(n);
         }
@@ -396,6 +400,63 @@ TEST(Heads, PoolingAndProbabilities) {
       double s = 0;
       for (int64_t k = 0; k < 3; ++k) s += o.probs.at({i, k});
       EXPECT_NEAR(s, 1.0, 1e-6);
+    }
+  }
+}
+
+TEST(Heads, MaxPoolingsGradientMatchesFiniteDifferencesAndSkipsPadding) {
+  // A classifier on max-pooled rows: the backward sends each channel's gradient to the row that
+  // held its maximum. Central differences of the loss in the input rows (identity stem) and in the
+  // classifier's weights, on the reference loops and on the fast path; padding rows get nothing.
+  ModelConfig c = small();
+  c.n_layers = 1;
+  c.stem.kind = StemKind::identity;
+  c.head.kind = HeadKind::classifier;
+  c.head.n_classes = 3;
+  c.head.pool = PoolKind::max;
+  Result<Parameters> P = Parameters::resolve(c);
+  ASSERT_TRUE(P.ok()) << P.status().message();
+  Parameters params = P->clone();
+  const int64_t B = 2, T = 5, C = c.d_model;
+  Batch b = random_rows(B, T, C, 11);
+  b.lengths = {5, 3};
+  Targets t;
+  t.labels = Tensor::from_ids({B}, {2, 0});
+  for (bool reference : {true, false}) {
+    SCOPED_TRACE(reference ? "reference" : "fast");
+    GradOptions o;
+    o.reference = reference;
+    Parameters grads = params.zeros_like();
+    Result<LossValue> r = compute_gradients(c, params, b, t, &grads, o);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(r->d_rows.numel(), B * T * C);
+    auto loss_at = [&](const Batch& bb, const Parameters& pp) {
+      Parameters g = pp.zeros_like();
+      Result<LossValue> l = compute_gradients(c, pp, bb, t, &g, o);
+      EXPECT_TRUE(l.ok());
+      return l.ok() ? l->loss : 0.0;
+    };
+    const float eps = 1e-3f;
+    double largest = 0;
+    for (float v : r->d_rows.to_vector()) largest = std::max(largest, static_cast<double>(std::fabs(v)));
+    ASSERT_GT(largest, 1e-3);
+    for (int64_t k = 0; k < B * T * C; k += 3) {
+      Batch up = b, down = b;
+      up.rows = b.rows.clone();
+      down.rows = b.rows.clone();
+      up.rows.data<float>()[k] += eps;
+      down.rows.data<float>()[k] -= eps;
+      const double fd = (loss_at(up, params) - loss_at(down, params)) / (2.0 * eps);
+      EXPECT_NEAR(r->d_rows.data<float>()[k], fd, 2e-3 * largest + 2e-2 * std::fabs(fd)) << "row value " << k;
+    }
+    for (int64_t k = 3 * C; k < T * C; ++k) EXPECT_EQ(r->d_rows.data<float>()[T * C + k], 0.f) << "padding " << k;
+    const Tensor& gw = grads.get("head.w");
+    for (int64_t k = 0; k < gw.numel(); k += 5) {
+      Parameters up = params.clone(), down = params.clone();
+      up.find("head.w")->data<float>()[k] += eps;
+      down.find("head.w")->data<float>()[k] -= eps;
+      const double fd = (loss_at(b, up) - loss_at(b, down)) / (2.0 * eps);
+      EXPECT_NEAR(gw.data<float>()[k], fd, 2e-3 * std::max(1.0, std::fabs(fd))) << "head.w " << k;
     }
   }
 }

@@ -116,7 +116,7 @@ enum class RotaryStyle : int { half = 0, interleaved = 1 };
 enum class StemKind : int { tokens = 0, features = 1, identity = 2, mixed = 3 };
 enum class EmbedScale : int { none = 0, sqrt_d_model = 1 };
 enum class HeadKind : int { none = 0, pool = 1, classifier = 2, lm = 3 };
-enum class PoolKind : int { cls = 0, mean = 1, last = 2, cls_dist = 3 };
+enum class PoolKind : int { cls = 0, mean = 1, last = 2, cls_dist = 3, max = 4 };
 enum class ModelSource : int { tessera = 0, hf = 1 };
 
 struct PositionConfig {

@@ -166,12 +166,16 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& cfg);
 
 // The pooled vector of one sequence's hidden rows h (T, C) as head.pool says (cls: the row whose
 // role is CLS, or row 0 without roles; mean: all rows; last: the last row; cls_dist: the mean of the
-// CLS row and the one after it). The model's own pooling and the batch runner's (packed sequences)
-// share it; Model::pool_head then applies the pooler and the normalisation.
+// CLS row and the one after it; max: each channel's largest value over all rows). The model's own
+// pooling and the batch runner's (packed sequences) share it; Model::pool_head then applies the
+// pooler and the normalisation.
 void pool_rows(const ModelConfig& cfg, const Tensor& h, const uint8_t* roles, float* out);
 // The same pooling as the rows it reads and their weights (pooling is a weighted sum of rows):
-// what the pooling's backward sends each row.
+// what the pooling's backward sends each row. Empty for max, which is not a weighted sum: pool_max.
 std::vector<std::pair<int64_t, float>> pool_taps(const ModelConfig& cfg, int64_t n, const uint8_t* roles);
+// Max pooling of h (T, C) into out (C), and with arg (C) each channel's row (the first on a tie,
+// -1 when T is 0): where the backward sends that channel's gradient. No rows: zeros.
+void pool_max(const Tensor& h, float* out, int64_t* arg);
 
 // Checks the tensors that model.weights supplies (inline and the file's header) against the
 // parameters the config asks for: unexpected names, missing tensors (unless allow_missing),

@@ -73,7 +73,8 @@ const Names<TaskKind> kTaskNames = {{"embed", TaskKind::embed},
                                     {"score", TaskKind::score},
                                     {"generate", TaskKind::generate}};
 const Names<PoolKind> kPoolNames = {
-    {"cls", PoolKind::cls}, {"mean", PoolKind::mean}, {"last", PoolKind::last}, {"cls_dist", PoolKind::cls_dist}};
+    {"cls", PoolKind::cls}, {"mean", PoolKind::mean}, {"last", PoolKind::last}, {"cls_dist", PoolKind::cls_dist},
+    {"max", PoolKind::max}};
 const Names<ModelSource> kSourceNames = {{"tessera", ModelSource::tessera}, {"hf", ModelSource::hf}};
 // Names from random.h, so that the config and the initialiser cannot disagree.
 const Names<InitScheme> kInitNames = [] {
@@ -1123,7 +1124,8 @@ std::vector<KeyRule> build_rules() {
                        "what follows the blocks: nothing, a pooled vector, class logits, or next-token logits",
                        FIELD(model.head.kind)));
   r.push_back(enum_key("model.head.pool", kPoolNames, "cls if stem.cls, else mean",
-                       "how rows are pooled for pool and classifier heads; cls needs stem.cls",
+                       "how rows are pooled for pool and classifier heads (max: each channel's largest value over the "
+                       "rows); cls needs stem.cls",
                        FIELD(model.head.pool)));
   r.push_back(bool_key("model.head.normalize", "false", "L2-normalise the pooled vector", FIELD(model.head.normalize)));
   r.push_back(int_key("model.head.n_classes", kVocabBound, "required if kind is classifier",

@@ -203,6 +203,7 @@ bool plan_export(const Experiment& exp, Diagnostics* d, Plan* plan) {
       if (m.head.kind == HeadKind::pool) {
         if (m.head.pooler) pool_is(PoolKind::cls, "BERT's pooler reads the CLS row");
         if (m.head.pool == PoolKind::cls_dist) pool_is(PoolKind::cls, "BERT has no distillation row");
+        if (m.head.pool == PoolKind::max) pool_is(PoolKind::mean, "Tessera writes sentence-transformers' cls, mean or last pooling");
         plan->sentence_transformers = !m.head.pooler && (m.head.pool != PoolKind::cls || m.head.normalize);
       }
     }

@@ -1,4 +1,4 @@
-// The heads on the final rows: pooling (cls, mean, last, cls_dist) with the optional pooler and
+// The heads on the final rows: pooling (cls, mean, last, cls_dist, max) with the optional pooler and
 // L2 normalisation, the classifier, and the LM head (tied or untied, with BERT/ESM's transform).
 #include <cmath>
 
@@ -27,14 +27,32 @@ std::vector<std::pair<int64_t, float>> pool_taps(const ModelConfig& c, int64_t n
     case PoolKind::mean:
       for (int64_t t = 0; t < n; ++t) taps.emplace_back(t, 1.f / static_cast<float>(n));
       break;
+    case PoolKind::max: break;  // not a weighted sum of rows: pool_max below
   }
   return taps;
+}
+
+// Max pooling: each channel's largest value over the n rows of h (n, C) -> d (C), and, where arg
+// is given, the row it came from (the first on a tie): its backward sends each channel's gradient
+// to that row alone. No rows: zeros, and arg -1.
+void pool_max(const Tensor& h, float* d, int64_t* arg) {
+  const int64_t n = h.dim(0), C = h.dim(1);
+  const Tensor hc = h.contiguous();
+  const float* x = hc.data<float>();
+  for (int64_t i = 0; i < C; ++i) {
+    int64_t best = n > 0 ? 0 : -1;
+    for (int64_t t = 1; t < n; ++t)
+      if (x[t * C + i] > x[best * C + i]) best = t;
+    d[i] = best < 0 ? 0.f : x[best * C + i];
+    if (arg) arg[i] = best;
+  }
 }
 
 void pool_rows(const ModelConfig& c, const Tensor& h, const uint8_t* roles, float* d) {
   const int64_t n = h.dim(0), C = h.dim(1);
   const Tensor hc = h.contiguous();
   const float* x = hc.data<float>();
+  if (c.head.pool == PoolKind::max) return pool_max(hc, d, nullptr);
   std::fill(d, d + C, 0.f);
   const auto taps = pool_taps(c, n, roles);
   if (taps.size() == 1) {  // one row: copied exactly
@@ -345,15 +363,25 @@ Status head_train(const ModelConfig& c, const Parameters& P, const Exec& ex, con
     return Status::Invalid("training: a classifier trains on one sequence per batch row (no packing)");
   if (targets.labels.rank() != 1 || targets.labels.dim(0) != B)
     return Status::Invalid("training: labels must be (" + std::to_string(B) + ") i32, got " + targets.labels.describe());
-  // Pool each item's rows: a weighted sum of rows, so its backward sends each row its weight's share.
+  // Pool each item's rows: a weighted sum of rows, so its backward sends each row its weight's share;
+  // max pooling keeps each channel's row (argmax, (B, C): a row of x (B·T, C)) for its backward.
   const Tensor roles = batch.roles.defined() ? batch.roles.contiguous() : Tensor();
+  const bool max_pool = c.head.pool == PoolKind::max;
   std::vector<std::vector<std::pair<int64_t, float>>> taps(static_cast<size_t>(B));
+  std::vector<int64_t> argmax(max_pool ? static_cast<size_t>(B * C) : 0);
   Tensor pooled = Tensor::zeros({B, C});
   for (int64_t b = 0; b < B; ++b) {
     const std::vector<int64_t> r = rows_of(lay, b, 0);
     const int64_t first = r.empty() ? 0 : r.front();
     const uint8_t* rl = roles.defined() && !extra ? roles.data<uint8_t>() + b * T_in + first : nullptr;
     const Tensor hb = x.select(0, b).slice(0, first, first + static_cast<int64_t>(r.size()));
+    if (max_pool) {
+      int64_t* a = argmax.data() + b * C;
+      pool_max(hb, pooled.data<float>() + b * C, a);
+      for (int64_t i = 0; i < C; ++i)
+        if (a[i] >= 0) a[i] += b * T + first;
+      continue;
+    }
     pool_rows(c, hb, rl, pooled.data<float>() + b * C);
     taps[static_cast<size_t>(b)] = pool_taps(c, static_cast<int64_t>(r.size()), rl);
     for (auto& t : taps[static_cast<size_t>(b)]) t.first += b * T + first;
@@ -362,9 +390,16 @@ Status head_train(const ModelConfig& c, const Parameters& P, const Exec& ex, con
   TSR_RETURN_IF_ERROR(classifier_train(c, P, ex, pooled, targets.labels.contiguous(), targets.label_smoothing,
                                        dpooled, G, loss, out));
   float* d = dx.data<float>();
-  for (int64_t b = 0; b < B; ++b)
+  const float* dp = dpooled.data<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    if (max_pool) {
+      for (int64_t i = 0; i < C; ++i)
+        if (const int64_t row = argmax[static_cast<size_t>(b * C + i)]; row >= 0) d[row * C + i] += dp[b * C + i];
+      continue;
+    }
     for (const auto& [row, wgt] : taps[static_cast<size_t>(b)])
-      for (int64_t i = 0; i < C; ++i) d[row * C + i] += wgt * dpooled.data<float>()[b * C + i];
+      for (int64_t i = 0; i < C; ++i) d[row * C + i] += wgt * dp[b * C + i];
+  }
   return Status::Ok();
 }
 
