@@ -392,6 +392,14 @@ TEST(HfExport, ModelsTheFamilyCannotRepresentAreRefusedAtTheirKeys) {
   EXPECT_NE(msg.find("model.final_norm: tessera export --hf: is true; BERT (post-LN) has no final layer norm"),
             std::string::npos)
       << msg;
+  // Max pooling, which sentence-transformers' folders Tessera writes do not describe.
+  msg = refusal(std::string(kEncoder) + "  stem: {kind: tokens, vocab_size: 50, token_types: 2, norm: true}\n"
+                                        "  positions: {kind: learned, max_len: 16}\n  head: {kind: pool, pool: max}\n",
+                root + "/bert_max");
+  EXPECT_NE(msg.find("model.head.pool: tessera export --hf: is max; Tessera writes sentence-transformers' cls, mean "
+                     "or last pooling"),
+            std::string::npos)
+      << msg;
   // Mean pooling where Hugging Face's ViT pools the CLS row.
   msg = refusal(std::string(kEncoder) + "  norm: pre\n  stem: {kind: features, n_features: 48, cls: true}\n"
                                         "  positions: {kind: learned, max_len: 5}\n  head: {kind: classifier, "
