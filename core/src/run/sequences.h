@@ -74,4 +74,8 @@ ItemSequences encode_item(const Experiment& exp, const StemLayout& layout, const
                           const DataItem& item, int64_t index, const std::vector<Result<std::string>>& bytes,
                           const AssembleOptions& options = {});
 
+// model.head.tasks: the task of a sequence, the one task whose plugin gave rows of it (its index
+// into model.head.tasks). -1 when none or two tasks' plugins did, with *why saying which.
+int32_t sequence_task(const Experiment& exp, const std::vector<Sequence>& seqs, std::string* why);
+
 }  // namespace tessera::run
