@@ -1208,7 +1208,7 @@ std::vector<KeyRule> build_rules() {
                        "how rows are pooled for pool and classifier heads; cls needs stem.cls",
                        FIELD(model.head.pool)));
   r.push_back(bool_key("model.head.normalize", "false", "L2-normalise the pooled vector", FIELD(model.head.normalize)));
-  r.push_back(int_key("model.head.n_classes", kVocabBound, "required if kind is classifier",
+  r.push_back(int_key("model.head.n_classes", kVocabBound, "required if kind is classifier (without tasks)",
                       "number of classes", FIELD(model.head.n_classes), true));
   r.push_back(string_list_key("model.head.labels", "class names; if given, n_classes of them", FIELD(model.head.labels)));
   r.push_back(head_tasks_key());
