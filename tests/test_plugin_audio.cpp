@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <map>
 #include <set>
@@ -193,7 +194,7 @@ TEST(AudioPlugin, DescribesItself) {
   EXPECT_EQ(p->modality(), "audio");
   EXPECT_EQ(p->input_kind(), TSR_INPUT_FILE);
   EXPECT_EQ(p->extensions(), (std::vector<std::string>{".wav", ".flac", ".ogg", ".oga"}));
-  ASSERT_EQ(p->options().size(), 22u);
+  ASSERT_EQ(p->options().size(), 23u);
   EXPECT_EQ(p->options()[0].name, "recipe");
   EXPECT_EQ(p->options()[0].choices, (std::vector<std::string>{"whisper", "kaldi_fbank", "ast", "frames"}));
   for (const PluginOptionSpec& o : p->options()) {
@@ -727,6 +728,8 @@ TEST(AudioOptions, EveryBadValueNamesItsOption) {
       {{{"augment_time_masks", "65"}}, "augment_time_masks", "65 is outside [0, 64]"},
       {{{"augment_time_masks", "2"}}, "augment_time_mask_width", "must be at least 1 with augment_time_masks 2"},
       {{{"augment_freq_masks", "1"}}, "augment_freq_mask_width", "must be at least 1 with augment_freq_masks 1"},
+      {{{"augment_freq_warp", "0.6"}}, "augment_freq_warp", "0.6 is outside [0, 0.5]"},
+      {{{"augment_freq_warp", "-0.1"}}, "augment_freq_warp", "-0.1 is outside [0, 0.5]"},
   };
   for (const auto& [overrides, option, message] : cases) {
     auto e = Encoder::create(plugin(), options(overrides));
@@ -861,4 +864,110 @@ TEST(AudioAugment, PatchRowsAreMaskedCellByCellAndOverlapsAgree) {
     masked_runs += static_cast<int>(runs_of(frames).size() + runs_of(bands).size());
   }
   EXPECT_GT(masked_runs, 150);  // two masks a seed, each of width 0 once in 20-25
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training augmentation: VTLP's frequency warp.
+
+// warp_bands: each band takes the value at its source, linearly interpolated, sources clamped to
+// the ends; the values are read with the given step.
+TEST(AudioDsp, WarpBandsInterpolatesAtTheSources) {
+  std::vector<float> v = {0, 2, 4, 6};
+  audio::warp_bands(v.data(), 4, 1, {0.5, 1.0, -3.0, 10.0});
+  EXPECT_EQ(v, (std::vector<float>{1, 2, 0, 6}));
+  std::vector<float> strided = {0, 9, 2, 9, 4, 9};  // every other value is a band
+  audio::warp_bands(strided.data(), 3, 2, {1.25, 0.0, 1.5});
+  EXPECT_EQ(strided, (std::vector<float>{2.5f, 9, 0, 9, 3, 9}));
+}
+
+// warped_band_sources: factor 1 leaves every band where it is; a factor alpha moves a peak at band
+// k to the band whose centre frequency is nearest alpha times band k's (centres computed here from
+// HTK's and Slaney's formulas, independently of the filterbank code), up for alpha > 1 and down
+// for alpha < 1.
+TEST(AudioDsp, FrequencyWarpMovesAPeakByTheFactor) {
+  const int n_mels = 64, rate = 16000;
+  auto htk_centre = [&](int m) {
+    const double top = 2595 * std::log10(1 + 8000.0 / 700);
+    return 700 * (std::pow(10.0, top * (m + 1) / (n_mels + 1) / 2595) - 1);
+  };
+  auto slaney_centre = [&](int m) {
+    const double f_sp = 200.0 / 3, step = std::log(6.4) / 27, top = 1000 / f_sp + std::log(8000.0 / 1000) / step;
+    const double mel = top * (m + 1) / (n_mels + 1);
+    return mel < 1000 / f_sp ? mel * f_sp : 1000 * std::exp(step * (mel - 1000 / f_sp));
+  };
+  for (audio::MelScale scale : {audio::MelScale::htk, audio::MelScale::slaney, audio::MelScale::kaldi}) {
+    const std::vector<double> same = audio::warped_band_sources(scale, n_mels, rate, 1.0);
+    for (int m = 0; m < n_mels; ++m) ASSERT_NEAR(same[static_cast<size_t>(m)], m, 1e-9);
+  }
+  for (auto [scale, centre] : {std::pair{audio::MelScale::htk, std::function<double(int)>(htk_centre)},
+                               std::pair{audio::MelScale::slaney, std::function<double(int)>(slaney_centre)}})
+    for (double alpha : {0.8, 0.9, 1.1, 1.25})
+      for (int k : {10, 25, 40}) {
+        std::vector<float> frame(static_cast<size_t>(n_mels), 0.0f);
+        frame[static_cast<size_t>(k)] = 1.0f;
+        audio::warp_bands(frame.data(), n_mels, 1, audio::warped_band_sources(scale, n_mels, rate, alpha));
+        int nearest = 0;
+        for (int j = 1; j < n_mels; ++j)
+          if (std::abs(centre(j) - alpha * centre(k)) < std::abs(centre(nearest) - alpha * centre(k))) nearest = j;
+        const auto peak = std::max_element(frame.begin(), frame.end()) - frame.begin();
+        EXPECT_EQ(peak, nearest) << "alpha " << alpha << ", band " << k;
+        EXPECT_EQ(peak > k, alpha > 1) << "alpha " << alpha << ", band " << k;
+      }
+}
+
+// In the plugin: the warp alone makes the encoder augment; the same seed gives the same rows; each
+// warped frame's values lie within that frame's own range (interpolation between its bands); most
+// seeds change the rows; CLS rows are kept; patch rows are warped as one spectrogram, so every copy
+// of a cell in overlapping patches agrees.
+TEST(AudioAugment, FrequencyWarpInterpolatesEachFrameAndPatchesAgree) {
+  const Overrides frames_opts = {{"recipe", "kaldi_fbank"}};
+  Overrides warped = frames_opts;
+  warped["augment_freq_warp"] = "0.2";
+  const Encoder e = encoder(warped);
+  ASSERT_TRUE(e.augments());
+  const TokenRows t = encode_file("Front_Center.wav", frames_opts);
+  const int64_t n = t.size(), B = t.features.dim(1);
+  const float* in = t.features.data<float>();
+  std::vector<float> out(static_cast<size_t>(n * B)), again(out.size());
+  int changed = 0;
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    ASSERT_TRUE(e.augment(t, seed, out.data()).ok());
+    ASSERT_TRUE(e.augment(t, seed, again.data()).ok());
+    ASSERT_EQ(again, out) << "seed " << seed;
+    for (int64_t r = 0; r < n; ++r) {
+      const auto [lo, hi] = std::minmax_element(in + r * B, in + (r + 1) * B);
+      for (int64_t b = 0; b < B; ++b) {
+        ASSERT_GE(out[static_cast<size_t>(r * B + b)], *lo - 1e-5f) << "seed " << seed;
+        ASSERT_LE(out[static_cast<size_t>(r * B + b)], *hi + 1e-5f) << "seed " << seed;
+      }
+    }
+    changed += !std::equal(out.begin(), out.end(), in);
+  }
+  EXPECT_GE(changed, 45);
+
+  const Overrides base = {{"recipe", "ast"}, {"rows", "patches"}, {"special_rows", "2"}, {"target_frames", "128"}};
+  Overrides opts = base;
+  opts["augment_freq_warp"] = "0.15";
+  const Encoder pe = encoder(opts);
+  const TokenRows p = encode_file("librivox_0880.wav", base);
+  const int64_t P = 16, S = 10, W = P * P, gr = (128 - P) / S + 1, gc = (128 - P) / S + 1;
+  ASSERT_EQ(p.size(), 2 + gr * gc);
+  const float* pin = p.features.data<float>();
+  std::vector<float> pout(static_cast<size_t>(p.features.numel()));
+  changed = 0;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    ASSERT_TRUE(pe.augment(p, seed, pout.data()).ok());
+    for (int64_t i = 0; i < 2 * W; ++i) ASSERT_EQ(pout[static_cast<size_t>(i)], pin[i]);  // CLS rows
+    std::map<std::pair<int64_t, int64_t>, std::set<float>> copies;
+    for (int64_t fi = 0; fi < gr; ++fi)
+      for (int64_t ti = 0; ti < gc; ++ti)
+        for (int64_t df = 0; df < P; ++df)
+          for (int64_t dt = 0; dt < P; ++dt)
+            copies[{ti * S + dt, fi * S + df}].insert(pout[static_cast<size_t>((2 + fi * gc + ti) * W + df * P + dt)]);
+    for (const auto& [cell, values] : copies)
+      ASSERT_EQ(values.size(), 1u) << "seed " << seed << ": copies of frame " << cell.first << ", band " << cell.second
+                                   << " disagree";
+    changed += !std::equal(pout.begin(), pout.end(), pin);
+  }
+  EXPECT_GE(changed, 18);
 }

@@ -72,6 +72,16 @@ enum class MelScale { htk, slaney, kaldi };
 //           f in [20 Hz, sample_rate / 2] (Kaldi's defaults).
 std::vector<double> mel_filterbank(MelScale scale, int n_mels, int n_fft, int sample_rate);
 
+// VTLP's frequency warp (Jaitly & Hinton 2013) on a mel axis: a vocal tract shorter by a factor
+// alpha moves every formant from f to alpha · f, so after the warp band m holds what the spectrum
+// had at centre(m) / alpha. Returns, for each band m, that frequency's position on the band axis
+// (band k's centre is at k; fractional between centres, below 0 or above n_mels - 1 off the ends),
+// for the filterbank mel_filterbank(scale, n_mels, ., sample_rate) builds. alpha 1 gives m itself.
+std::vector<double> warped_band_sources(MelScale scale, int n_mels, int sample_rate, double alpha);
+// One frame's n bands (value k at v[k · step]) replaced by their values at `sources` (the first n),
+// linearly interpolated between bands, each source clamped to [0, n - 1].
+void warp_bands(float* v, int64_t n, int64_t step, const std::vector<double>& sources);
+
 // ---- Spectrograms -----------------------------------------------------------------------------
 
 // Real FFT of a fixed size through FFTW (double precision, FFTW_ESTIMATE: deterministic). One per

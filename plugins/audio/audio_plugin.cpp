@@ -94,6 +94,11 @@ const tsr_option_spec kOptions[] = {
     {sizeof(tsr_option_spec), "augment_freq_mask_width", TSR_OPT_INT, "0",
      "training only: the widest frequency mask, in mel bands (torchaudio's FrequencyMasking freq_mask_param)",
      nullptr},
+    {sizeof(tsr_option_spec), "augment_freq_warp", TSR_OPT_FLOAT, "0",
+     "training only (VTLP, Jaitly & Hinton 2013): each example's frequency axis scaled by a factor drawn "
+     "from [1 - w, 1 + w], as another speaker's vocal tract length moves the formants; each band takes the "
+     "value at its centre frequency / factor, interpolated between bands. 0: off; at most 0.5",
+     nullptr},
 };
 
 const tsr_plugin_info kInfo = {
@@ -256,6 +261,9 @@ class Audio {
     time_width_ = static_cast<int>(int_in(o, "augment_time_mask_width", 0, 100000));
     freq_masks_ = static_cast<int>(int_in(o, "augment_freq_masks", 0, 64));
     freq_width_ = static_cast<int>(int_in(o, "augment_freq_mask_width", 0, fe.n_mels, " (the mel bands)"));
+    freq_warp_ = o.get_float("augment_freq_warp");
+    if (!(freq_warp_ >= 0 && freq_warp_ <= 0.5))
+      bad("augment_freq_warp", o.text("augment_freq_warp") + " is outside [0, 0.5]");
     if (time_masks_ > 0 && time_width_ == 0)
       bad("augment_time_mask_width", "must be at least 1 with augment_time_masks " + o.text("augment_time_masks"));
     if (freq_masks_ > 0 && freq_width_ == 0)
@@ -275,7 +283,7 @@ class Audio {
       i.max_rows =
           special_ + (patches_ ? static_cast<int64_t>(g.freq_patches) * g.time_patches : fe.target_frames);
     }
-    i.augments = (time_masks_ > 0 || freq_masks_ > 0) ? 1 : 0;
+    i.augments = (time_masks_ > 0 || freq_masks_ > 0 || freq_warp_ > 0) ? 1 : 0;
     return i;
   }
 
@@ -288,6 +296,9 @@ class Audio {
   // content rows are the frames, in order. Patch rows: each value is a copy of one spectrogram cell
   // (frame ti·stride + dt, band fi·stride + df, unfold_patches' order) and is masked with its
   // cell, so overlapping patches agree; the frames are those the patches cover. CLS rows are kept.
+  // With augment_freq_warp w, a factor alpha is drawn after the masks (uniform in [1 - w, 1 + w],
+  // 2^-24 steps) and every frame is warped (warp_bands) before the masks are applied; patch rows
+  // are warped as their spectrogram, over the bands the patches cover.
   void augment(const tsr_rows& in, uint64_t seed, float* out) const {
     const int64_t n = in.n_rows, width = in.width;
     const int n_mels = extractor_.front_end().n_mels;
@@ -313,6 +324,32 @@ class Audio {
     };
     draw(time_masks_, time_width_, frames, frame_masked);
     draw(freq_masks_, freq_width_, n_mels, band_masked);
+    if (freq_warp_ > 0) {
+      const double u = static_cast<double>(draws.between(0, (int64_t{1} << 24) - 1)) / static_cast<double>(int64_t{1} << 24);
+      const audio::FrontEnd& fe = extractor_.front_end();
+      const std::vector<double> sources =
+          audio::warped_band_sources(fe.mel_scale, n_mels, fe.sample_rate, 1 - freq_warp_ + 2 * freq_warp_ * u);
+      if (!patches) {
+        for (int64_t r = 0; r < n; ++r)
+          if (in.roles[r] == TSR_ROLE_CONTENT) audio::warp_bands(out + r * width, n_mels, 1, sources);
+      } else {
+        // The cells the patches cover, (frames, bands) time-major; warped; copied back to every patch.
+        const int64_t bands = static_cast<int64_t>(in.grid_rows - 1) * stride_ + patch_;
+        std::vector<float> cells(static_cast<size_t>(frames * bands), 0.0f);
+        auto each_cell = [&](auto&& visit) {
+          for (int64_t r = 0; r < n; ++r) {
+            if (in.roles[r] != TSR_ROLE_CONTENT) continue;
+            const int64_t fi = in.positions[2 * r], ti = in.positions[2 * r + 1];
+            for (int64_t df = 0; df < patch_; ++df)
+              for (int64_t dt = 0; dt < patch_; ++dt)
+                visit(out[r * width + df * patch_ + dt], cells[static_cast<size_t>((ti * stride_ + dt) * bands + fi * stride_ + df)]);
+          }
+        };
+        each_cell([](float& patch_value, float& cell) { cell = patch_value; });
+        for (int64_t t = 0; t < frames; ++t) audio::warp_bands(cells.data() + t * bands, bands, 1, sources);
+        each_cell([](float& patch_value, float& cell) { patch_value = cell; });
+      }
+    }
     int64_t frame = 0;
     for (int64_t r = 0; r < n; ++r) {
       if (in.roles[r] != TSR_ROLE_CONTENT) continue;
@@ -433,6 +470,7 @@ class Audio {
   double max_seconds_;
   int patch_ = 16, stride_ = 10, special_ = 0;
   int time_masks_ = 0, time_width_ = 0, freq_masks_ = 0, freq_width_ = 0;  // augment()
+  double freq_warp_ = 0;
 };
 
 }  // namespace

@@ -44,6 +44,7 @@ double slaney_hz(double mel) {
 double htk_mel(double hz) { return 2595 * std::log10(1 + hz / 700); }
 double htk_hz(double mel) { return 700 * (std::pow(10.0, mel / 2595) - 1); }
 double kaldi_mel(double hz) { return 1127 * std::log(1 + hz / 700); }
+double kaldi_hz(double mel) { return 700 * (std::exp(mel / 1127) - 1); }
 
 }  // namespace
 
@@ -89,6 +90,35 @@ std::vector<double> mel_filterbank(MelScale scale, int n_mels, int n_fft, int sa
     }
   }
   return fb;
+}
+
+std::vector<double> warped_band_sources(MelScale scale, int n_mels, int sample_rate, double alpha) {
+  // The n_mels + 2 edge points are evenly spaced in mel over [lo, hi]; band m's centre is point m + 1.
+  auto mel = [scale](double hz) {
+    return scale == MelScale::slaney ? slaney_mel(hz) : scale == MelScale::htk ? htk_mel(hz) : kaldi_mel(hz);
+  };
+  auto hz = [scale](double m) {
+    return scale == MelScale::slaney ? slaney_hz(m) : scale == MelScale::htk ? htk_hz(m) : kaldi_hz(m);
+  };
+  const double lo = scale == MelScale::kaldi ? kaldi_mel(20.0) : 0.0, hi = mel(0.5 * sample_rate);
+  const double delta = (hi - lo) / (n_mels + 1);
+  std::vector<double> sources(static_cast<size_t>(n_mels));
+  for (int m = 0; m < n_mels; ++m) {
+    const double centre = hz(lo + (m + 1) * delta);
+    sources[static_cast<size_t>(m)] = (mel(centre / alpha) - lo) / delta - 1;
+  }
+  return sources;
+}
+
+void warp_bands(float* v, int64_t n, int64_t step, const std::vector<double>& sources) {
+  std::vector<float> was(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) was[static_cast<size_t>(k)] = v[k * step];
+  for (int64_t k = 0; k < n; ++k) {
+    const double at = std::clamp(sources[static_cast<size_t>(k)], 0.0, static_cast<double>(n - 1));
+    const int64_t below = std::min<int64_t>(static_cast<int64_t>(at), n - 1), above = std::min(below + 1, n - 1);
+    const double t = at - static_cast<double>(below);
+    v[k * step] = static_cast<float>((1 - t) * was[static_cast<size_t>(below)] + t * was[static_cast<size_t>(above)]);
+  }
 }
 
 // ---- FFT --------------------------------------------------------------------------------------

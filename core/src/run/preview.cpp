@@ -4,6 +4,7 @@
 #include <set>
 
 #include "batcher.h"
+#include "sequences.h"
 #include "tessera/run.h"
 
 namespace tessera {
@@ -135,59 +136,37 @@ void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
 Result<std::string> item_part_bytes(const ItemPart& part, int64_t max_bytes) { return item_bytes(part, max_bytes); }
 
 Result<DatasetPreview> preview_dataset(const Experiment& exp, int64_t max_items) {
-  std::vector<std::shared_ptr<const Plugin>> plugins;
   std::vector<Encoder> encs;
   std::vector<PluginInput> inputs;
+  std::vector<tsr_encoder_info> infos;
   for (const PluginConfig& pc : exp.plugins) {
     Result<std::shared_ptr<const Plugin>> p = Plugin::load(pc.file);
     if (!p.ok()) return p.status();
     Result<Encoder> e = Encoder::create(*p, pc.options);
     if (!e.ok()) return e.status();
     inputs.push_back({(*p)->name(), (*p)->input_kind(), (*p)->extensions()});
-    plugins.push_back(*p);
+    infos.push_back(e->info());
     encs.push_back(std::move(e).value());
   }
   Result<std::vector<DataItem>> items = read_dataset(exp.data, inputs);
   if (!items.ok()) return items.status().with_prefix("data.path");
+  const StemLayout layout = stem_layout(infos);
+  // The sequences a run would make (run::encode_item, as the batcher and the trainer call it); the
+  // caller weighs their lengths against the positions, so none is refused for its length here.
+  run::AssembleOptions options;
+  options.check_max_len = false;
   DatasetPreview v;
   v.items = static_cast<int64_t>(items->size());
   for (const DataItem& item : *items) {
     if (v.sampled == max_items) break;
+    const run::ItemSequences made = run::encode_item(exp, layout, encs, item, v.sampled,
+                                                     run::read_parts(item, exp.runtime.max_item_bytes), options);
     ++v.sampled;
-    if (!item.error.empty()) {
-      v.errors.push_back(item.id + ": " + item.error);
+    if (!made.ok()) {
+      v.errors.push_back(item.id + ": " + (made.file.empty() ? "" : made.file + ": ") + made.reason);
       continue;
     }
-    std::vector<std::vector<TokenRows>> got;
-    std::string error;
-    for (size_t p = 0; p < encs.size() && error.empty(); ++p) {
-      const ItemPart& part = item.parts[p];
-      if (part.missing) continue;
-      Result<std::string> bytes = item_bytes(part);
-      PluginItem pi;
-      pi.id = item.id;
-      pi.source = part.path;
-      if (bytes.ok()) pi.data = *bytes;
-      pi.source_offset = part.offset;
-      pi.source_line = part.line;
-      Result<std::vector<TokenRows>> rows = bytes.ok() ? run::encode_part(encs[p], pi) : Result<std::vector<TokenRows>>(bytes.status());
-      if (!rows.ok()) error = (part.path.empty() ? "" : part.path + ": ") + rows.status().message();
-      else got.push_back(std::move(rows).value());
-    }
-    if (error.empty() && got.size() > 1)
-      for (const auto& g : got)
-        if (g.size() != 1) error = "a plugin gave " + std::to_string(g.size()) + " sequences; in a multimodal sequence each plugin gives one";
-    if (!error.empty()) {
-      v.errors.push_back(item.id + ": " + error);
-      continue;
-    }
-    if (got.size() == 1) {
-      for (const TokenRows& r : got[0]) v.rows.push_back(r.size());
-    } else {
-      int64_t n = 0;
-      for (const auto& g : got) n += g[0].size();
-      v.rows.push_back(n);
-    }
+    for (const run::Sequence& s : made.seqs) v.rows.push_back(s.rows.size());
   }
   return v;
 }
