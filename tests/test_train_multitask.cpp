@@ -318,6 +318,10 @@ TEST(MultitaskItems, AnItemOfNoTasksPluginOrTwoTasksOrAnotherTasksLabelIsABadIte
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->failed, 30 + 21);
   EXPECT_EQ(r->result.counted, 21);
+  // Only the tasks the set has items of are reported.
+  ASSERT_EQ(r->result.tasks.size(), 1u);
+  EXPECT_EQ(r->result.tasks[0].name, "fashion");
+  EXPECT_EQ(r->result.tasks[0].counted, 21);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -227,7 +227,7 @@ Status write_plots(const std::string& dir, const std::vector<std::string>& class
   std::vector<Series> per_task;
   for (size_t t = 0; t < tasks.size(); ++t) {
     const double* rgb = kTaskColours[t % 6];
-    per_task.push_back({"validation accuracy: " + tasks[t].name, rgb[0], rgb[1], rgb[2], true, {}});
+    per_task.push_back({tasks[t].name, rgb[0], rgb[1], rgb[2], true, {}});  // short: the legend is 170 px
   }
   std::string metric_name;
   std::ifstream f(fs::path(dir) / "metrics.jsonl");
@@ -255,9 +255,15 @@ Status write_plots(const std::string& dir, const std::vector<std::string>& class
   if (!metric_name.empty()) {
     metric.name = metric_name == "accuracy" ? "validation accuracy" : "validation bits/token";
     std::vector<Series> lines{metric};
-    if (!per_task.empty()) lines = per_task;  // each task's accuracy over its own items
+    if (!per_task.empty()) {  // each task's accuracy over its own items (the tasks the set has)
+      lines.clear();
+      for (const Series& t : per_task)
+        if (!t.xy.empty()) lines.push_back(t);
+    }
     TSR_RETURN_IF_ERROR(line_chart((fs::path(dir) / "metric.png").string(),
-                                   metric_name == "accuracy" ? "accuracy" : "bits per token",
+                                   metric_name != "accuracy" ? "bits per token"
+                                   : per_task.empty()        ? "accuracy"
+                                                             : "validation accuracy of each task, over its own items",
                                    metric_name == "accuracy" ? "accuracy (%)" : "bits per token", lines));
   }
   if (!confusion.empty()) TSR_RETURN_IF_ERROR(confusion_chart((fs::path(dir) / "confusion.png").string(), classes, confusion));
@@ -265,8 +271,10 @@ Status write_plots(const std::string& dir, const std::vector<std::string>& class
     if (confusion.empty()) break;
     const size_t k = t.labels.size(), f = static_cast<size_t>(t.first);
     std::vector<std::vector<int64_t>> block(k, std::vector<int64_t>(k, 0));
+    int64_t items = 0;
     for (size_t a = 0; a < k; ++a)
-      for (size_t b = 0; b < k; ++b) block[a][b] = confusion[f + a][f + b];
+      for (size_t b = 0; b < k; ++b) items += block[a][b] = confusion[f + a][f + b];
+    if (items == 0) continue;  // a task the set has no items of
     TSR_RETURN_IF_ERROR(confusion_chart((fs::path(dir) / ("confusion_" + t.name + ".png")).string(), t.labels, block));
   }
   return Status::Ok();

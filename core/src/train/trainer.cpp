@@ -453,7 +453,10 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
       f1 += tp ? 2.0 * static_cast<double>(tp) / static_cast<double>(2 * tp + fp + fn) : 0.0;
     }
     r.macro_f1 = f1 / static_cast<double>(K);
-    for (size_t ti = 0; ti < c.head.tasks.size(); ++ti) r.tasks.push_back(task_eval(c.head.tasks[ti], r.confusion, task_loss[ti]));
+    for (size_t ti = 0; ti < c.head.tasks.size(); ++ti) {  // the tasks the set has items of
+      TaskEval t = task_eval(c.head.tasks[ti], r.confusion, task_loss[ti]);
+      if (t.counted > 0) r.tasks.push_back(std::move(t));
+    }
   } else if (exp.train.objective == Objective::mlm) {
     // Every example under its fixed mask (keyed by its index in the set): the masked rows' loss
     // and how many of them the arg-max gets right.
