@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tessera/config.h"
@@ -322,6 +323,20 @@ TEST(MultitaskItems, AnItemOfNoTasksPluginOrTwoTasksOrAnotherTasksLabelIsABadIte
   ASSERT_EQ(r->result.tasks.size(), 1u);
   EXPECT_EQ(r->result.tasks[0].name, "fashion");
   EXPECT_EQ(r->result.tasks[0].counted, 21);
+}
+
+// `tessera grad --item N`: one item's targets are its task's block, as training's.
+TEST(MultitaskItems, OneItemsTargetsHoldItsTasksBlock) {
+  const Experiment e = recipe();
+  for (const auto& [index, first, end] : {std::tuple{0, 0, 10}, std::tuple{20, 10, 20}, std::tuple{40, 20, 65}}) {
+    Result<ExperimentItem> it = experiment_item(e, index);
+    ASSERT_TRUE(it.ok()) << it.status().message();
+    ASSERT_TRUE(it->targets.label_blocks.defined()) << index;
+    EXPECT_EQ(it->targets.label_blocks.data<int32_t>()[0], first) << index;
+    EXPECT_EQ(it->targets.label_blocks.data<int32_t>()[1], end) << index;
+    const int32_t y = it->targets.labels.data<int32_t>()[0];
+    EXPECT_TRUE(y >= first && y < end) << index;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

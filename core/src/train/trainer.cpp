@@ -1405,6 +1405,16 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
   Encoded e;
   e.format = train::row_format(c, src.encoders, src.layout);
   for (const run::Sequence& s : made.seqs) e.items.push_back(make_example(e.format, s, label, false));
+  if (tc.objective == Objective::classify && !c.head.tasks.empty()) {  // its task's block, as training's loss
+    std::string why;
+    const int32_t task = run::sequence_task(exp, made.seqs, &why);
+    if (task < 0) return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): " + why);
+    const HeadTask& t = c.head.tasks[static_cast<size_t>(task)];
+    if (label < t.first || label >= t.first + static_cast<int64_t>(t.labels.size()))
+      return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): its label \"" + label_text(item) +
+                             "\" is not one of the classes of task " + t.name);
+    for (Example& x : e.items) x.task = task;
+  }
   std::vector<const Example*> ex;
   for (const Example& x : e.items) ex.push_back(&x);
   out.targets.label_smoothing = static_cast<float>(tc.label_smoothing);
@@ -1434,6 +1444,7 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
       out.targets.tokens = next_token_targets(out.batch);
       out.loss = "next-token cross-entropy over the item's rows" + seqs;
     } else if (tc.objective == Objective::classify) {
+      out.targets.label_blocks = label_blocks(c, ex);
       out.loss = "cross-entropy against its label " + std::to_string(label) + seqs;
     } else {
       return Status::Invalid("--item: the model has neither a classifier nor an LM head: give --ids or --rows (the loss "
