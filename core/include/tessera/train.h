@@ -139,7 +139,8 @@ struct EvalResult {
   double bits_per_token = -1;  // lm: loss / ln 2
   int64_t counted = 0;      // items (classify), predicted tokens (lm) or masked rows (mlm)
   std::vector<std::vector<int64_t>> confusion;  // classify: [true][predicted]
-  std::vector<TaskEval> tasks;  // classify with model.head.tasks: each task's figures, in task order
+  std::vector<TaskEval> tasks;  // classify with model.head.tasks: each task's figures, in task order,
+                                // for the tasks the set has items of
   // lm, from evaluate_experiment: the predicted tokens' text in UTF-8 characters, and the loss
   // in bits per character (total bits / characters); -1 where not measured.
   int64_t characters = 0;

@@ -112,7 +112,7 @@ Status BatchModel::forward_chunk(const Sequence* seqs, size_t n_seqs, int64_t k,
     const int64_t K = m.head.n_classes;
     for (size_t i = 0; i < n_seqs && !m.head.tasks.empty(); ++i) {
       std::string why;
-      const int32_t t = sequence_task(exp_, {seqs[i]}, &why);
+      const int32_t t = sequence_task(exp_, &seqs[i], 1, &why);
       if (t < 0) continue;
       const HeadTask& ht = m.head.tasks[static_cast<size_t>(t)];
       const int64_t first = ht.first, end = ht.first + static_cast<int64_t>(ht.labels.size());

@@ -145,12 +145,12 @@ ItemSequences encode_item(const Experiment& exp, const StemLayout& layout, const
   return out;
 }
 
-int32_t sequence_task(const Experiment& exp, const std::vector<Sequence>& seqs, std::string* why) {
+int32_t sequence_task(const Experiment& exp, const Sequence* seqs, size_t n, std::string* why) {
   const auto& tasks = exp.model.head.tasks;
   std::vector<int32_t> found;
   std::string plugins;
-  for (const Sequence& s : seqs)
-    for (const SequencePart& part : s.parts) {
+  for (size_t i = 0; i < n; ++i)
+    for (const SequencePart& part : seqs[i].parts) {
       if (part.end <= part.begin) continue;
       const std::string& name = exp.plugins[static_cast<size_t>(part.plugin)].name;
       if (plugins.find(name) == std::string::npos) plugins += (plugins.empty() ? "" : ", ") + name;

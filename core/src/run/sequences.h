@@ -76,6 +76,10 @@ ItemSequences encode_item(const Experiment& exp, const StemLayout& layout, const
 
 // model.head.tasks: the task of a sequence, the one task whose plugin gave rows of it (its index
 // into model.head.tasks). -1 when none or two tasks' plugins did, with *why saying which.
-int32_t sequence_task(const Experiment& exp, const std::vector<Sequence>& seqs, std::string* why);
+// The sequences are seqs[0 .. n): one item's.
+int32_t sequence_task(const Experiment& exp, const Sequence* seqs, size_t n, std::string* why);
+inline int32_t sequence_task(const Experiment& exp, const std::vector<Sequence>& seqs, std::string* why) {
+  return sequence_task(exp, seqs.data(), seqs.size(), why);
+}
 
 }  // namespace tessera::run

@@ -101,7 +101,7 @@ Status Writers::sequence_records(const Sequence* seqs, size_t n_seqs, const Plac
       int64_t listed = K;
       if (!m.head.tasks.empty()) {  // a multi-task head: the sequence's task and its own classes only
         std::string why;
-        const int32_t t = sequence_task(exp_, {s}, &why);
+        const int32_t t = sequence_task(exp_, &s, 1, &why);
         if (t >= 0) {
           const HeadTask& ht = m.head.tasks[static_cast<size_t>(t)];
           r["task"] = ht.name;

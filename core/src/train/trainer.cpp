@@ -505,7 +505,7 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
   return r;
 }
 
-// "; fashion 0.81, digits 0.64" for a multi-task evaluation's progress line.
+// " (fashion 0.810000, digits 0.640000)" for a multi-task evaluation's progress line.
 std::string task_figures(const EvalResult& e) {
   std::string s;
   for (const TaskEval& t : e.tasks) s += (s.empty() ? " (" : ", ") + t.name + " " + std::to_string(t.accuracy);
