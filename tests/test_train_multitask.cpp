@@ -235,8 +235,8 @@ TEST(MultitaskConfig, ALabelInTwoTasksIsAnErrorNamingBoth) {
 
 TEST(MultitaskConfig, LabelsAndTasksTogetherAndAWrongNClassesAreErrors) {
   const std::string tasks = "      - {name: a, plugin: image, labels: [x, y]}\n";
-  std::string msg = config_error(tasks, "    labels: [x, y]\n");
-  EXPECT_TRUE(has(msg, "model.head.labels: labels and tasks both name the classes")) << msg;
+  std::string msg = config_error(tasks, "    labels: [y, x]\n");
+  EXPECT_TRUE(has(msg, "model.head.labels: labels and tasks both name the classes, and differ")) << msg;
   msg = config_error(tasks, "    n_classes: 3\n");
   EXPECT_TRUE(has(msg, "model.head.n_classes: n_classes 3, but the tasks have 2 labels in all")) << msg;
   msg = config_error("      - {name: a, plugin: image, labels: [x], head: 2}\n");
@@ -265,6 +265,24 @@ Experiment recipe(const std::vector<std::string>& more = {}) {
   std::optional<Experiment> e = load_experiment(kRecipe, slice_options(more), &diags);
   EXPECT_TRUE(e) << diags.str();
   return e ? *e : Experiment{};
+}
+
+// A resolved config prints the head's labels and n_classes beside its tasks: the head, so
+// written, loads again to the same classes.
+TEST(MultitaskConfig, TheHeadAsAResolvedConfigPrintsItLoadsAgain) {
+  const std::string yaml =
+      "model:\n  d_model: 8\n  n_heads: 2\n  n_layers: 1\n  d_ff: 16\n"
+      "  stem: {kind: features, n_features: 5}\n"
+      "  head:\n    kind: classifier\n    n_classes: 3\n    labels: [x, y, z]\n    tasks:\n"
+      "      - {name: a, plugin: image, labels: [x, y]}\n      - {name: b, plugin: text, labels: [z]}\n";
+  const Experiment e = load(yaml, ".");
+  EXPECT_EQ(e.model.head.labels, (std::vector<std::string>{"x", "y", "z"}));
+  ASSERT_EQ(e.model.head.tasks.size(), 2u);
+  EXPECT_EQ(e.model.head.tasks[1].first, 2);
+  const std::string printed = to_yaml(e);
+  EXPECT_TRUE(has(printed, "labels: [\"x\", \"y\", \"z\"]")) << printed;
+  EXPECT_TRUE(has(printed, "tasks: [{name: \"a\", plugin: \"image\", labels: [\"x\", \"y\"]}, "
+                           "{name: \"b\", plugin: \"text\", labels: [\"z\"]}]")) << printed;
 }
 
 TEST(MultitaskConfig, ATaskOfAPluginTheExperimentDoesNotHaveIsAnErrorAtItsPlace) {

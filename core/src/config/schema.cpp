@@ -1728,12 +1728,18 @@ void resolve_model(WalkContext& c) {
                                      head_kind_name(h.kind),
               "set head.kind: classifier, or remove tasks");
       ok = false;
-    } else if (c.is_given("model.head.labels")) {
-      c.error(c.where("model.head.labels"), "model.head.labels",
-              "labels and tasks both name the classes: the tasks' labels are the head's labels",
-              "remove model.head.labels");
-      ok = false;
-    } else if (c.is_given("model.head.n_classes") && h.n_classes != first) {
+    } else if (c.is_given("model.head.labels") && !c.is_bad("model.head.labels")) {
+      // As a resolved config prints them: the tasks' labels in order (so that it loads again).
+      std::vector<std::string> all;
+      for (const HeadTask& t : h.tasks) all.insert(all.end(), t.labels.begin(), t.labels.end());
+      if (h.labels != all) {
+        c.error(c.where("model.head.labels"), "model.head.labels",
+                "labels and tasks both name the classes, and differ: the head's labels are the tasks' labels in order",
+                "remove model.head.labels");
+        ok = false;
+      }
+    }
+    if (ok && c.is_given("model.head.n_classes") && h.n_classes != first) {
       c.error(c.where("model.head.n_classes"), "model.head.n_classes",
               "n_classes " + str(h.n_classes) + ", but the tasks have " + count(first, "label") + " in all",
               "remove n_classes (the tasks give it) or make it " + str(first));
