@@ -71,6 +71,14 @@ int run_eval(const EvalArgs& a) {
   } else if (e.accuracy >= 0) {
     std::printf("%s: %lld items\n", rep.set.c_str(), static_cast<long long>(e.counted));
     std::printf("accuracy %.2f %%   macro-F1 %.4f   loss %.4f\n\n", 100 * e.accuracy, e.macro_f1, e.loss);
+    // A multi-task head (model.head.tasks): each task over its own items, predicted within its classes.
+    for (const TaskEval& t : e.tasks) {
+      std::printf("task %s: %lld items   accuracy %.2f %%   macro-F1 %.4f   loss %.4f\n", t.name.c_str(),
+                  static_cast<long long>(t.counted), 100 * t.accuracy, t.macro_f1, t.loss);
+      j["tasks"][t.name] = {{"accuracy", t.accuracy}, {"macro_f1", t.macro_f1}, {"loss", t.loss},
+                            {"counted", t.counted}, {"confusion", t.confusion}};
+    }
+    if (!e.tasks.empty()) std::printf("\n");
     const std::vector<ClassScore> s = class_scores(e.confusion);
     size_t w = 5;
     for (const std::string& c : rep.classes) w = std::max(w, c.size());

@@ -41,6 +41,9 @@ int run_train(const TrainArgs& a) {
     if (e.accuracy >= 0) t += ", accuracy " + fmt(100 * e.accuracy, 2, false) + " %";
     if (e.macro_f1 >= 0) t += ", macro-F1 " + fmt(e.macro_f1, 4, false);
     if (e.bits_per_token >= 0) t += ", " + fmt(e.bits_per_token, 4, false) + " bits per token";
+    for (const TaskEval& k : e.tasks)  // a multi-task head: each task over its own items
+      t += "\n  task " + k.name + ": accuracy " + fmt(100 * k.accuracy, 2, false) + " %, macro-F1 " +
+           fmt(k.macro_f1, 4, false) + ", loss " + fmt(k.loss, 4, false) + " (" + std::to_string(k.counted) + " items)";
     return t;
   };
   std::printf("best validation (step %lld): %s\n", static_cast<long long>(s.best_step), describe(s.best).c_str());

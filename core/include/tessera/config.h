@@ -149,12 +149,24 @@ struct AttentionConfig {
   bool output_projection = true; // W_O; without it the block outputs the concatenated heads
 };
 
+// One task of a multi-task classifier (model.head.tasks): its own block of the classifier's
+// classes, [first, first + labels.size()), for the items whose rows come from plugin `plugin`. An
+// item's softmax, loss and prediction run over its task's block only.
+struct HeadTask {
+  std::string name;
+  std::string plugin;               // the name of the plugin whose items it labels
+  std::vector<std::string> labels;  // its classes, in order
+  int64_t first = 0;                // its first class in the classifier (resolved)
+  Location where;
+};
+
 struct HeadConfig {
   HeadKind kind = HeadKind::none;
   PoolKind pool = PoolKind::cls;  // resolved: cls when the stem adds a CLS row, else mean
   bool normalize = false;         // pool: L2-normalise the pooled vector
   int64_t n_classes = 0;          // classifier
   std::vector<std::string> labels;  // classifier: optional class names, n_classes of them
+  std::vector<HeadTask> tasks;    // classifier: its classes grouped into tasks (empty: one task)
   bool tied = true;               // lm: logits through the token embedding table
   bool lm_bias = false;           // lm, tied: a vocabulary bias (BERT MLM, ESM-2); untied heads have one
                                   // when model.bias

@@ -38,6 +38,10 @@ namespace tessera {
 struct Targets {
   Tensor tokens;  // (B, T') i32
   Tensor labels;  // (B) i32
+  // (B, 2) i32, with labels and a multi-task head (model.head.tasks): each row's block of classes
+  // [first, end), its task's. The row's softmax and loss run over that block only; the other
+  // classes' logits get no gradient from it. Undefined: every row over all n_classes.
+  Tensor label_blocks;
   Tensor probe;   // (B, T', C) f32
   float label_smoothing = 0.f;
 };
@@ -118,6 +122,16 @@ struct TrainOptions {
   std::function<void(int64_t step)> on_step;
 };
 
+// One task's figures in a multi-task evaluation (model.head.tasks): over its items only, its
+// predictions the arg-max over its own classes.
+struct TaskEval {
+  std::string name;
+  double loss = 0, accuracy = 0, macro_f1 = 0;
+  int64_t counted = 0;
+  std::vector<std::string> classes;             // its labels
+  std::vector<std::vector<int64_t>> confusion;  // [true][predicted], over its classes
+};
+
 struct EvalResult {
   double loss = 0;          // mean cross-entropy (nats)
   double accuracy = -1;     // classify: share of items right; mlm: of masked rows right; -1 for lm
@@ -125,6 +139,8 @@ struct EvalResult {
   double bits_per_token = -1;  // lm: loss / ln 2
   int64_t counted = 0;      // items (classify), predicted tokens (lm) or masked rows (mlm)
   std::vector<std::vector<int64_t>> confusion;  // classify: [true][predicted]
+  std::vector<TaskEval> tasks;  // classify with model.head.tasks: each task's figures, in task order,
+                                // for the tasks the set has items of
   // lm, from evaluate_experiment: the predicted tokens' text in UTF-8 characters, and the loss
   // in bits per character (total bits / characters); -1 where not measured.
   int64_t characters = 0;

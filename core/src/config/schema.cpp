@@ -4,12 +4,15 @@
 #include "config/schema.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -597,6 +600,85 @@ KeyRule weights_file_key() {
   return r;
 }
 
+// model.head.tasks: a list of {name, plugin, labels}. Each entry's shape is checked here; the
+// tasks against each other and the head (labels in two tasks, n_classes) in resolve, and each
+// task's plugin against the experiment's plugins in check_plugins_fit (core/src/run/preview.cpp).
+KeyRule head_tasks_key() {
+  KeyRule r;
+  r.spec = {"model.head.tasks", "list of {name, plugin, labels}", "[]",
+            "classifier: its classes grouped into tasks, each with its own block of the classifier (its own "
+            "head): `labels` are the task's classes, `plugin` the plugin whose items it labels; an item's softmax, "
+            "loss and prediction run over its task's classes only, and evaluation reports each task. The head's "
+            "labels are then the tasks' labels in order (n_classes their count)"};
+  r.read = [](const Node& n, const std::string& key, WalkContext& c) {
+    if (!n.is_sequence()) {
+      c.error(n, key, "expected a list of tasks (- {name: ..., plugin: ..., labels: [...]}), found " + describe(n));
+      return false;
+    }
+    bool ok = true;
+    std::vector<HeadTask> tasks;
+    for (size_t i = 0; i < n.items.size(); ++i) {
+      const Node& item = *n.items[i];
+      const std::string at = key + "[" + std::to_string(i) + "]";
+      if (!item.is_map()) {
+        c.error(item, at, "expected a mapping (name:, plugin:, labels:), found " + describe(item));
+        ok = false;
+        continue;
+      }
+      HeadTask t;
+      t.where = item.pos.location();
+      bool have_name = false, have_plugin = false, have_labels = false;
+      for (const MapEntry& e : item.entries) {
+        if (e.key == "name") {
+          have_name = read_string(*e.value, at + ".name", c, &t.name) || (ok = false);
+        } else if (e.key == "plugin") {
+          have_plugin = read_string(*e.value, at + ".plugin", c, &t.plugin) || (ok = false);
+        } else if (e.key == "labels") {
+          if (!e.value->is_sequence() || e.value->items.empty()) {
+            c.error(*e.value, at + ".labels", "expected a non-empty list of class names, found " + describe(*e.value));
+            ok = false;
+            continue;
+          }
+          t.labels.resize(e.value->items.size());
+          have_labels = true;
+          for (size_t j = 0; j < e.value->items.size(); ++j)
+            if (!read_string(*e.value->items[j], at + ".labels", c, &t.labels[j], "entry " + std::to_string(j) + ": "))
+              ok = have_labels = false;
+        } else {
+          const std::string near = nearest(e.key, {"name", "plugin", "labels"});
+          c.error(e.key_pos.location(), at + "." + e.key, "unknown key",
+                  near.empty() ? "valid keys: name, plugin, labels" : "did you mean `" + near + "`?");
+          ok = false;
+        }
+      }
+      for (const auto& [have, what, hint] :
+           {std::tuple{have_name, "name", "add `name: <task>`"},
+            std::tuple{have_plugin, "plugin", "add `plugin: <name>`, one of the experiment's plugins"},
+            std::tuple{have_labels, "labels", "add `labels: [<class>, ...]`"}})
+        if (!have && ok) {
+          c.error(item, at, std::string("missing key `") + what + "`", hint);
+          ok = false;
+        }
+      tasks.push_back(std::move(t));
+    }
+    if (ok) c.exp->model.head.tasks = std::move(tasks);
+    return ok;
+  };
+  r.print = [](const Experiment& e) {
+    const auto& tasks = e.model.head.tasks;
+    if (tasks.empty()) return std::string("[]");
+    std::string s = "[";
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      s += (i ? ", " : "") + std::string("{name: ") + quote(tasks[i].name) + ", plugin: " + quote(tasks[i].plugin) +
+           ", labels: [";
+      for (size_t j = 0; j < tasks[i].labels.size(); ++j) s += (j ? ", " : "") + quote(tasks[i].labels[j]);
+      s += "]}";
+    }
+    return s + "]";
+  };
+  return r;
+}
+
 KeyRule inline_weights_key() {
   KeyRule r;
   r.spec = {"model.weights.inline", "map: name -> matrix or vector", "{}",
@@ -1128,9 +1210,10 @@ std::vector<KeyRule> build_rules() {
                        "rows); cls needs stem.cls",
                        FIELD(model.head.pool)));
   r.push_back(bool_key("model.head.normalize", "false", "L2-normalise the pooled vector", FIELD(model.head.normalize)));
-  r.push_back(int_key("model.head.n_classes", kVocabBound, "required if kind is classifier",
+  r.push_back(int_key("model.head.n_classes", kVocabBound, "required if kind is classifier (without tasks)",
                       "number of classes", FIELD(model.head.n_classes), true));
   r.push_back(string_list_key("model.head.labels", "class names; if given, n_classes of them", FIELD(model.head.labels)));
+  r.push_back(head_tasks_key());
   r.push_back(bool_key("model.head.tied", "true",
                        "lm only: logits through the token embedding table; needs stem.kind tokens",
                        FIELD(model.head.tied)));
@@ -1608,10 +1691,73 @@ void resolve_model(WalkContext& c) {
     c.error(c.where("model.head.pool"), "model.head.pool", "pool: cls needs stem.cls: true",
             "set pool: mean or last, or stem.cls: true");
   }
-  if (h.kind == HeadKind::classifier && !c.is_given("model.head.n_classes") && !c.is_bad("model.head.n_classes")) {
+  if (!h.tasks.empty()) {
+    // The tasks' blocks of classes, one after another; a label names one class of one task.
+    const std::string key = "model.head.tasks";
+    std::map<std::string, std::string> owner;  // label -> the task that has it
+    std::set<std::string> names;
+    int64_t first = 0;
+    bool ok = true;
+    for (size_t i = 0; i < h.tasks.size(); ++i) {
+      HeadTask& t = h.tasks[i];
+      const std::string at = key + "[" + std::to_string(i) + "]";
+      const bool plain = !t.name.empty() && std::all_of(t.name.begin(), t.name.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+      });
+      if (!plain) {
+        c.error(t.where, at + ".name", "task name \"" + t.name + "\" is not a plain name (letters, digits, _ and -)",
+                "it names the task's figures and its confusion_<name>.png");
+        ok = false;
+      } else if (!names.insert(t.name).second) {
+        c.error(t.where, at + ".name", "a second task named \"" + t.name + "\"", "give each task its own name");
+        ok = false;
+      }
+      for (const std::string& l : t.labels) {
+        auto [it, fresh] = owner.emplace(l, t.name);
+        if (!fresh) {
+          c.error(t.where, at + ".labels",
+                  "label \"" + l + "\" is in two tasks (" + (it->second == t.name ? "twice in task " + t.name
+                                                                                  : it->second + " and " + t.name) + ")",
+                  "a label names one class of one task: rename one of them (e.g. \"" + t.name + ":" + l + "\")");
+          ok = false;
+        }
+      }
+      t.first = first;
+      first += static_cast<int64_t>(t.labels.size());
+    }
+    if (h.kind != HeadKind::classifier && !c.is_bad("model.head.kind")) {
+      c.error(c.where(key), key, std::string("tasks group the classes of a classifier head, but head.kind is ") +
+                                     head_kind_name(h.kind),
+              "set head.kind: classifier, or remove tasks");
+      ok = false;
+    } else if (c.is_given("model.head.labels") && !c.is_bad("model.head.labels")) {
+      // As a resolved config prints them: the tasks' labels in order (so that it loads again).
+      std::vector<std::string> all;
+      for (const HeadTask& t : h.tasks) all.insert(all.end(), t.labels.begin(), t.labels.end());
+      if (h.labels != all) {
+        c.error(c.where("model.head.labels"), "model.head.labels",
+                "labels and tasks both name the classes, and differ: the head's labels are the tasks' labels in order",
+                "remove model.head.labels");
+        ok = false;
+      }
+    }
+    if (ok && c.is_given("model.head.n_classes") && h.n_classes != first) {
+      c.error(c.where("model.head.n_classes"), "model.head.n_classes",
+              "n_classes " + str(h.n_classes) + ", but the tasks have " + count(first, "label") + " in all",
+              "remove n_classes (the tasks give it) or make it " + str(first));
+      ok = false;
+    }
+    if (ok) {
+      h.labels.clear();
+      for (const HeadTask& t : h.tasks) h.labels.insert(h.labels.end(), t.labels.begin(), t.labels.end());
+      h.n_classes = first;
+    }
+  }
+  if (h.kind == HeadKind::classifier && h.tasks.empty() && !c.is_given("model.head.n_classes") &&
+      !c.is_bad("model.head.n_classes")) {
     missing("model.head.n_classes", " (head.kind is classifier)", "add `n_classes: <int>` under `model.head:`");
   }
-  if (!h.labels.empty() && !c.is_bad("model.head.kind")) {
+  if (!h.labels.empty() && h.tasks.empty() && !c.is_bad("model.head.kind")) {
     if (c.is_given("model.head.n_classes") && static_cast<int64_t>(h.labels.size()) != h.n_classes) {
       c.error(c.where("model.head.labels"), "model.head.labels",
               count(static_cast<int64_t>(h.labels.size()), "label") + " for n_classes " + str(h.n_classes),

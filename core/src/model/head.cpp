@@ -1,6 +1,7 @@
 // The heads on the final rows: pooling (cls, mean, last, cls_dist, max) with the optional pooler and
 // L2 normalisation, the classifier, and the LM head (tied or untied, with BERT/ESM's transform).
 #include <cmath>
+#include <map>
 
 #include "arena.h"
 #include "assembly.h"
@@ -211,6 +212,59 @@ Status mean_cross_entropy(const Exec& ex, const Tensor& logits, const Tensor& ta
   return Status::Ok();
 }
 
+// A multi-task head's loss (model.head.tasks): each row's cross-entropy over its own block of
+// classes, blocks (N, 2) i32 = [first, end), averaged over the counted rows (label not -1).
+// Rows are grouped by block and each group's columns go through the same cross_entropy op as
+// one task's head would; dlogits is 0 outside each row's block (those logits are not its
+// prediction), so a task's rows train only its own classifier rows.
+Status blocked_cross_entropy(const Exec& ex, const Tensor& logits, const Tensor& labels, const Tensor& blocks,
+                             float smoothing, Tensor& dlogits, HeadLoss* loss) {
+  const int64_t N = logits.dim(0), K = logits.dim(1);
+  if (blocks.dtype() != DType::i32 || blocks.rank() != 2 || blocks.dim(0) != N || blocks.dim(1) != 2)
+    return Status::Invalid("training: label blocks must be (" + std::to_string(N) + ", 2) i32, got " + blocks.describe());
+  const Tensor bc = blocks.contiguous(), lc = labels.contiguous(), zc = logits.contiguous();
+  std::map<std::pair<int32_t, int32_t>, std::vector<int64_t>> groups;  // block -> its counted rows
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t first = bc.data<int32_t>()[2 * i], end = bc.data<int32_t>()[2 * i + 1], y = lc.data<int32_t>()[i];
+    if (first < 0 || end <= first || end > K)
+      return Status::Invalid("training: row " + std::to_string(i) + "'s block of classes [" + std::to_string(first) + ", " +
+                             std::to_string(end) + ") is not within the " + std::to_string(K) + " classes");
+    if (y == -1) continue;
+    if (y < first || y >= end)
+      return Status::Invalid("training: row " + std::to_string(i) + "'s label " + std::to_string(y) +
+                             " is outside its task's classes [" + std::to_string(first) + ", " + std::to_string(end) + ")");
+    groups[{first, end}].push_back(i);
+  }
+  float* d = dlogits.data<float>();
+  std::fill(d, d + dlogits.numel(), 0.f);
+  int64_t expected = 0;
+  for (const auto& [block, rows] : groups) expected += static_cast<int64_t>(rows.size());
+  loss->counted = expected;
+  loss->loss = 0.0;
+  if (expected == 0) return Status::Ok();
+  double total = 0;
+  for (const auto& [block, rows] : groups) {
+    const int64_t n = static_cast<int64_t>(rows.size()), k = block.second - block.first;
+    Tensor gl = Tensor::empty({n, k}), gt = Tensor::empty({n}, DType::i32), gd = Tensor::empty({n, k});
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t i = rows[static_cast<size_t>(r)];
+      const float* z = zc.data<float>() + i * K + block.first;
+      std::copy(z, z + k, gl.data<float>() + r * k);
+      gt.data<int32_t>()[r] = lc.data<int32_t>()[i] - block.first;
+    }
+    double sum = 0;
+    int64_t counted = 0;
+    TSR_RETURN_IF_ERROR(ex.cross_entropy(gl, gt, smoothing, &sum, &counted, &gd,
+                                         static_cast<float>(1.0 / static_cast<double>(expected))));
+    total += sum;
+    for (int64_t r = 0; r < n; ++r)
+      std::copy(gd.data<float>() + r * k, gd.data<float>() + (r + 1) * k,
+                d + rows[static_cast<size_t>(r)] * K + block.first);
+  }
+  loss->loss = total / static_cast<double>(expected);
+  return Status::Ok();
+}
+
 // rows (N, C) -> logits (N, V) through the LM head (with BERT/ESM's transform: dense, activation,
 // layer norm), the loss at `targets` (N), and the gradient at the rows.
 Status lm_head_train(const ModelConfig& c, const Parameters& P, const Exec& ex, const Tensor& rows,
@@ -261,8 +315,8 @@ Status lm_head_train(const ModelConfig& c, const Parameters& P, const Exec& ex, 
 // pooled (N, C) -> [pooler, tanh] -> [L2 normalise] -> [layer norm] -> classifier logits, the loss
 // at labels (N), and the gradient at the pooled vectors (written into dpooled).
 Status classifier_train(const ModelConfig& c, const Parameters& P, const Exec& ex, const Tensor& pooled,
-                        const Tensor& labels, float smoothing, Tensor& dpooled, Parameters& G, HeadLoss* loss,
-                        Outputs* out) {
+                        const Tensor& labels, const Tensor& blocks, float smoothing, Tensor& dpooled, Parameters& G,
+                        HeadLoss* loss, Outputs* out) {
   const int64_t N = pooled.dim(0), C = pooled.dim(1);
   const bool pooler = P.find("head.pooler.w") != nullptr, norm = P.find("head.norm.gamma") != nullptr;
   Tensor p1 = pooled, p2 = pooled;  // after the pooler (p2 = tanh(p1)); p3 after normalisation
@@ -296,7 +350,10 @@ Status classifier_train(const ModelConfig& c, const Parameters& P, const Exec& e
   }
   Tensor logits = Tensor::empty({N, c.head.n_classes}), dlogits = Tensor::empty({N, c.head.n_classes});
   TSR_RETURN_IF_ERROR(ex.linear_plain(in, P.get("head.w"), P.get("head.b"), logits));
-  TSR_RETURN_IF_ERROR(mean_cross_entropy(ex, logits, labels, smoothing, dlogits, loss));
+  if (blocks.defined())
+    TSR_RETURN_IF_ERROR(blocked_cross_entropy(ex, logits, labels, blocks, smoothing, dlogits, loss));
+  else
+    TSR_RETURN_IF_ERROR(mean_cross_entropy(ex, logits, labels, smoothing, dlogits, loss));
   if (out) out->logits = logits;
   Tensor d = Tensor::empty({N, C});
   TSR_RETURN_IF_ERROR(ex.linear_backward(in, P.get("head.w"), dlogits, &d, G.find("head.w"), G.find("head.b")));
@@ -387,8 +444,8 @@ Status head_train(const ModelConfig& c, const Parameters& P, const Exec& ex, con
     for (auto& t : taps[static_cast<size_t>(b)]) t.first += b * T + first;
   }
   Tensor dpooled = Tensor::empty({B, C});
-  TSR_RETURN_IF_ERROR(classifier_train(c, P, ex, pooled, targets.labels.contiguous(), targets.label_smoothing,
-                                       dpooled, G, loss, out));
+  TSR_RETURN_IF_ERROR(classifier_train(c, P, ex, pooled, targets.labels.contiguous(), targets.label_blocks,
+                                       targets.label_smoothing, dpooled, G, loss, out));
   float* d = dx.data<float>();
   const float* dp = dpooled.data<float>();
   for (int64_t b = 0; b < B; ++b) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 
 #include "tessera/machine.h"
@@ -106,6 +107,23 @@ Status BatchModel::forward_chunk(const Sequence* seqs, size_t n_seqs, int64_t k,
   if (task == TaskKind::classify) {
     Tensor logits;
     TSR_RETURN_IF_ERROR(model_->classify(pooled, &logits, &probs, fo));
+    // A multi-task head (model.head.tasks): a sequence's probabilities over its task's classes
+    // only, 0 for every other task's. A sequence of no one task keeps the softmax over all classes.
+    const int64_t K = m.head.n_classes;
+    for (size_t i = 0; i < n_seqs && !m.head.tasks.empty(); ++i) {
+      std::string why;
+      const int32_t t = sequence_task(exp_, &seqs[i], 1, &why);
+      if (t < 0) continue;
+      const HeadTask& ht = m.head.tasks[static_cast<size_t>(t)];
+      const int64_t first = ht.first, end = ht.first + static_cast<int64_t>(ht.labels.size());
+      const float* z = logits.data<float>() + static_cast<int64_t>(i) * K;
+      float* p = probs.data<float>() + static_cast<int64_t>(i) * K;
+      const float mx = *std::max_element(z + first, z + end);
+      double sum = 0;
+      for (int64_t k = first; k < end; ++k) sum += std::exp(static_cast<double>(z[k] - mx));
+      for (int64_t k = 0; k < K; ++k)
+        p[k] = k >= first && k < end ? static_cast<float>(std::exp(static_cast<double>(z[k] - mx)) / sum) : 0.f;
+    }
   }
   model_seconds_ += seconds_since(t_model);
 

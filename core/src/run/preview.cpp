@@ -1,5 +1,6 @@
 // Plugins against the model (stem layout, fit checks) and a look at a dataset before a run
 // (`tessera check`): the parts of run.h that write nothing.
+#include <algorithm>
 #include <set>
 
 #include "batcher.h"
@@ -109,6 +110,19 @@ void check_plugins_fit(const Experiment& exp, Diagnostics* diags) {
                  "the feature plugins' rows fill " + std::to_string(L.width) + " columns (" + cols + "), but the model reads " +
                      std::to_string(F),
                  "each feature plugin has its own columns: make n_features their sum, " + std::to_string(L.width));
+  }
+  // model.head.tasks: each task labels the items of one of the experiment's plugins.
+  for (size_t i = 0; i < m.head.tasks.size(); ++i) {
+    const HeadTask& t = m.head.tasks[i];
+    std::vector<std::string> names;
+    for (const PluginConfig& pc : exp.plugins) names.push_back(pc.name);
+    if (std::find(names.begin(), names.end(), t.plugin) != names.end()) continue;
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    diags->add(t.where, "model.head.tasks[" + std::to_string(i) + "].plugin",
+               "task " + t.name + " labels the items of plugin \"" + t.plugin + "\", which is not one of the experiment's "
+               "plugins (" + (list.empty() ? std::string("none") : list) + ")",
+               "name one of the plugins listed under plugins:");
   }
   if (kinds.size() > 1 && s.kind != StemKind::mixed)
     diags->add(exp.where("model.stem.kind"), "model.stem.kind",

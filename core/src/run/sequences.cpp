@@ -2,6 +2,8 @@
 // sequences.h.
 #include "sequences.h"
 
+#include <algorithm>
+
 #include "batcher.h"  // item_bytes
 
 namespace tessera::run {
@@ -141,6 +143,29 @@ ItemSequences encode_item(const Experiment& exp, const StemLayout& layout, const
   ItemSequences out;
   out.seqs = std::move(made);
   return out;
+}
+
+int32_t sequence_task(const Experiment& exp, const Sequence* seqs, size_t n, std::string* why) {
+  const auto& tasks = exp.model.head.tasks;
+  std::vector<int32_t> found;
+  std::string plugins;
+  for (size_t i = 0; i < n; ++i)
+    for (const SequencePart& part : seqs[i].parts) {
+      if (part.end <= part.begin) continue;
+      const std::string& name = exp.plugins[static_cast<size_t>(part.plugin)].name;
+      if (plugins.find(name) == std::string::npos) plugins += (plugins.empty() ? "" : ", ") + name;
+      for (size_t t = 0; t < tasks.size(); ++t)
+        if (tasks[t].plugin == name && std::find(found.begin(), found.end(), static_cast<int32_t>(t)) == found.end())
+          found.push_back(static_cast<int32_t>(t));
+    }
+  if (found.size() == 1) return found[0];
+  if (found.empty())
+    *why = "its rows come from plugin " + (plugins.empty() ? std::string("(none)") : plugins) +
+           ", which no task of model.head.tasks labels (add a task for it, or leave such items out)";
+  else
+    *why = "its rows come from plugins of " + std::to_string(found.size()) + " tasks (" + tasks[found[0]].name + ", " +
+           tasks[found[1]].name + "): a multi-task item belongs to one task (give it one input, data.allow_missing)";
+  return -1;
 }
 
 }  // namespace tessera::run

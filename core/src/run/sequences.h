@@ -74,4 +74,12 @@ ItemSequences encode_item(const Experiment& exp, const StemLayout& layout, const
                           const DataItem& item, int64_t index, const std::vector<Result<std::string>>& bytes,
                           const AssembleOptions& options = {});
 
+// model.head.tasks: the task of a sequence, the one task whose plugin gave rows of it (its index
+// into model.head.tasks). -1 when none or two tasks' plugins did, with *why saying which.
+// The sequences are seqs[0 .. n): one item's.
+int32_t sequence_task(const Experiment& exp, const Sequence* seqs, size_t n, std::string* why);
+inline int32_t sequence_task(const Experiment& exp, const std::vector<Sequence>& seqs, std::string* why) {
+  return sequence_task(exp, seqs.data(), seqs.size(), why);
+}
+
 }  // namespace tessera::run

@@ -98,8 +98,21 @@ Status Writers::sequence_records(const Sequence* seqs, size_t n_seqs, const Plac
       for (int64_t c = 0; c < K; ++c) order[static_cast<size_t>(c)] = c;
       const float* p = probs.data<float>() + static_cast<int64_t>(i) * K;
       std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b2) { return p[a] > p[b2]; });
+      int64_t listed = K;
+      if (!m.head.tasks.empty()) {  // a multi-task head: the sequence's task and its own classes only
+        std::string why;
+        const int32_t t = sequence_task(exp_, &s, 1, &why);
+        if (t >= 0) {
+          const HeadTask& ht = m.head.tasks[static_cast<size_t>(t)];
+          r["task"] = ht.name;
+          order.erase(std::remove_if(order.begin(), order.end(),
+                                     [&](int64_t k) { return k < ht.first || k >= ht.first + static_cast<int64_t>(ht.labels.size()); }),
+                      order.end());
+          listed = static_cast<int64_t>(order.size());
+        }
+      }
       json top = json::array();
-      for (int64_t j = 0; j < std::min<int64_t>(exp_.task.top_k, K); ++j)
+      for (int64_t j = 0; j < std::min<int64_t>(exp_.task.top_k, listed); ++j)
         top.push_back({{"class", class_name(order[static_cast<size_t>(j)])},
                        {"index", order[static_cast<size_t>(j)]},
                        {"prob", p[order[static_cast<size_t>(j)]]}});

@@ -48,6 +48,7 @@ struct Example {
   // Kept only where a plugin augments: what its augment() reads besides rows.
   std::vector<std::array<int32_t, 2>> positions;
   int32_t label = -1;
+  int32_t task = -1;  // model.head.tasks: the index of its task (-1: no tasks)
   int64_t n() const { return static_cast<int64_t>(roles.size()); }
 };
 

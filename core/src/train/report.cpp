@@ -218,10 +218,17 @@ struct FontState {
 }  // namespace
 
 Status write_plots(const std::string& dir, const std::vector<std::string>& classes,
-                   const std::vector<std::vector<int64_t>>& confusion) {
+                   const std::vector<std::vector<int64_t>>& confusion, const std::vector<HeadTask>& tasks) {
   const FontState fonts;
   Series train{"training loss", 0.12, 0.47, 0.71, false, {}}, val{"validation loss", 0.85, 0.37, 0.0, true, {}};
   Series metric{"validation", 0.17, 0.63, 0.17, true, {}};
+  static const double kTaskColours[][3] = {{0.84, 0.15, 0.16}, {0.12, 0.47, 0.71}, {0.58, 0.40, 0.74},
+                                           {0.55, 0.34, 0.29}, {0.89, 0.47, 0.76}, {0.50, 0.50, 0.50}};
+  std::vector<Series> per_task;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const double* rgb = kTaskColours[t % 6];
+    per_task.push_back({tasks[t].name, rgb[0], rgb[1], rgb[2], true, {}});  // short: the legend is 170 px
+  }
   std::string metric_name;
   std::ifstream f(fs::path(dir) / "metrics.jsonl");
   std::string line;
@@ -239,16 +246,37 @@ Status write_plots(const std::string& dir, const std::vector<std::string>& class
           metric.xy.emplace_back(step, e[k].get<double>() * (metric_name == "accuracy" ? 100.0 : 1.0));
           break;  // a masked LM has both: its accuracy is plotted
         }
+      for (size_t t = 0; t < tasks.size(); ++t)
+        if (e.contains("tasks") && e["tasks"].contains(tasks[t].name))
+          per_task[t].xy.emplace_back(step, e["tasks"][tasks[t].name].value("accuracy", 0.0) * 100.0);
     }
   }
   TSR_RETURN_IF_ERROR(line_chart((fs::path(dir) / "loss.png").string(), "loss", "cross-entropy (nats)", {train, val}));
   if (!metric_name.empty()) {
     metric.name = metric_name == "accuracy" ? "validation accuracy" : "validation bits/token";
+    std::vector<Series> lines{metric};
+    if (!per_task.empty()) {  // each task's accuracy over its own items (the tasks the set has)
+      lines.clear();
+      for (const Series& t : per_task)
+        if (!t.xy.empty()) lines.push_back(t);
+    }
     TSR_RETURN_IF_ERROR(line_chart((fs::path(dir) / "metric.png").string(),
-                                   metric_name == "accuracy" ? "accuracy" : "bits per token",
-                                   metric_name == "accuracy" ? "accuracy (%)" : "bits per token", {metric}));
+                                   metric_name != "accuracy" ? "bits per token"
+                                   : per_task.empty()        ? "accuracy"
+                                                             : "validation accuracy of each task, over its own items",
+                                   metric_name == "accuracy" ? "accuracy (%)" : "bits per token", lines));
   }
   if (!confusion.empty()) TSR_RETURN_IF_ERROR(confusion_chart((fs::path(dir) / "confusion.png").string(), classes, confusion));
+  for (const HeadTask& t : tasks) {
+    if (confusion.empty()) break;
+    const size_t k = t.labels.size(), f = static_cast<size_t>(t.first);
+    std::vector<std::vector<int64_t>> block(k, std::vector<int64_t>(k, 0));
+    int64_t items = 0;
+    for (size_t a = 0; a < k; ++a)
+      for (size_t b = 0; b < k; ++b) items += block[a][b] = confusion[f + a][f + b];
+    if (items == 0) continue;  // a task the set has no items of
+    TSR_RETURN_IF_ERROR(confusion_chart((fs::path(dir) / ("confusion_" + t.name + ".png")).string(), t.labels, block));
+  }
   return Status::Ok();
 }
 
@@ -286,8 +314,15 @@ Status write_report(const std::string& dir, const std::string& experiment_file, 
     << (s.budget_minutes > 0 ? " (what a budget of " + shortest(s.budget_minutes) + " minutes held, train.max_minutes)" : "")
     << ", " << s.examples << " training examples per epoch, " << fixed(s.seconds, 1) << " s"
     << (s.stopped_early ? "; stopped early (train.patience)" : "") << "\n";
-  r << "- best validation (step " << s.best_step << "): " << figures(s.best) << "\n";
-  if (s.test.counted) r << "- test, with the best weights: " << figures(s.test) << "\n";
+  auto task_lines = [&](const EvalResult& e) {
+    std::string t;
+    for (const TaskEval& k : e.tasks)
+      t += "  - task " + k.name + ": loss " + fixed(k.loss, 4) + ", accuracy " + pct(k.accuracy) + ", macro-F1 " +
+           fixed(k.macro_f1, 4) + " (" + std::to_string(k.counted) + " items)\n";
+    return t;
+  };
+  r << "- best validation (step " << s.best_step << "): " << figures(s.best) << "\n" << task_lines(s.best);
+  if (s.test.counted) r << "- test, with the best weights: " << figures(s.test) << "\n" << task_lines(s.test);
   r << "- best weights: `best.safetensors` (run them with `model.weights.file`)\n\n";
   r << "![loss](loss.png)\n\n";
   if (fs::exists(fs::path(dir) / "metric.png")) r << "![validation metric](metric.png)\n\n";
@@ -307,6 +342,9 @@ Status write_report(const std::string& dir, const std::string& experiment_file, 
         << fixed(rc, 4) << " | " << fixed(f1, 4) << " | " << support << " |\n";
     }
     r << "\n![confusion matrix](confusion.png)\n";
+    for (const TaskEval& k : e.tasks)
+      if (fs::exists(fs::path(dir) / ("confusion_" + k.name + ".png")))
+        r << "\n![confusion matrix of task " << k.name << "](confusion_" << k.name << ".png)\n";
   }
   return write_file_atomic((fs::path(dir) / "report.md").string(), r.str());
 }

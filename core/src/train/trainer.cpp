@@ -181,6 +181,19 @@ Result<std::vector<int32_t>> separator_ids(const Experiment& exp, const Sources&
   return ids;
 }
 
+// Each example's block of classes, its task's [first, end), as Targets::label_blocks (B, 2) i32;
+// undefined without tasks.
+Tensor label_blocks(const ModelConfig& c, const std::vector<const Example*>& ex) {
+  if (c.head.tasks.empty()) return Tensor();
+  Tensor b = Tensor::empty({static_cast<int64_t>(ex.size()), 2}, DType::i32);
+  for (size_t i = 0; i < ex.size(); ++i) {
+    const HeadTask& t = c.head.tasks[static_cast<size_t>(ex[i]->task)];
+    b.data<int32_t>()[2 * i] = static_cast<int32_t>(t.first);
+    b.data<int32_t>()[2 * i + 1] = static_cast<int32_t>(t.first + static_cast<int64_t>(t.labels.size()));
+  }
+  return b;
+}
+
 // Encodes a dataset, each item as a batch run encodes it (run::encode_item). Bad items are counted
 // and their reasons kept; they do not stop training. lm: the items' ids one after another, `sep`
 // between two items.
@@ -204,7 +217,8 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
       continue;
     }
     int32_t label = -1;
-    if (!lm && exp.train.objective == Objective::classify) {
+    const bool tasks = !exp.model.head.tasks.empty();
+    if (!lm && exp.train.objective == Objective::classify && !tasks) {
       label = class_index(classes, label_text(item));
       if (label < 0) {
         fail("label \"" + label_text(item) + "\" is not one of the " + std::to_string(classes.size()) + " classes");
@@ -218,6 +232,24 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
       fail(made.reason);
       continue;
     }
+    int32_t task = -1;
+    if (!lm && exp.train.objective == Objective::classify && tasks) {
+      // A multi-task item: its task from the plugin its rows came from, its label one of that task's.
+      std::string why;
+      task = run::sequence_task(exp, made.seqs, &why);
+      if (task < 0) {
+        fail(why);
+        continue;
+      }
+      const HeadTask& t = exp.model.head.tasks[static_cast<size_t>(task)];
+      const auto at = std::find(t.labels.begin(), t.labels.end(), label_text(item));
+      if (at == t.labels.end()) {
+        fail("label \"" + label_text(item) + "\" is not one of the " + std::to_string(t.labels.size()) + " classes of task " +
+             t.name + " (model.head.tasks)");
+        continue;
+      }
+      label = static_cast<int32_t>(t.first + (at - t.labels.begin()));
+    }
     for (const run::Sequence& s : made.seqs) {
       if (lm) {
         if (!e.stream.empty()) e.stream.insert(e.stream.end(), sep.begin(), sep.end());
@@ -230,6 +262,7 @@ Result<Encoded> encode(const Experiment& exp, const DataConfig& data, const Sour
         continue;
       }
       e.items.push_back(make_example(e.format, s, label, keep_positions));
+      e.items.back().task = task;
     }
   }
   return e;
@@ -339,6 +372,35 @@ double cross_entropy_row(const float* z, int64_t V, int32_t y) {
   return std::log(s) + mx - z[y];
 }
 
+// One task's figures from the whole confusion matrix (its block: a multi-task item is predicted
+// within its task's classes) and its items' summed loss.
+TaskEval task_eval(const HeadTask& t, const std::vector<std::vector<int64_t>>& confusion, double loss_sum) {
+  TaskEval e;
+  e.name = t.name;
+  e.classes = t.labels;
+  const size_t k = t.labels.size(), f = static_cast<size_t>(t.first);
+  e.confusion.assign(k, std::vector<int64_t>(k, 0));
+  int64_t right = 0;
+  for (size_t a = 0; a < k; ++a)
+    for (size_t b = 0; b < k; ++b) {
+      e.confusion[a][b] = confusion[f + a][f + b];
+      e.counted += e.confusion[a][b];
+      if (a == b) right += e.confusion[a][b];
+    }
+  double f1 = 0;
+  for (size_t a = 0; a < k; ++a) {
+    int64_t fp = 0, fn = 0;
+    for (size_t b = 0; b < k; ++b)
+      if (b != a) fp += e.confusion[b][a], fn += e.confusion[a][b];
+    const int64_t tp = e.confusion[a][a];
+    f1 += tp ? 2.0 * static_cast<double>(tp) / static_cast<double>(2 * tp + fp + fn) : 0.0;
+  }
+  e.macro_f1 = f1 / static_cast<double>(k);
+  e.accuracy = e.counted ? static_cast<double>(right) / static_cast<double>(e.counted) : 0;
+  e.loss = e.counted ? loss_sum / static_cast<double>(e.counted) : 0;
+  return e;
+}
+
 Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, const Encoded& data, int64_t batch,
                             const MaskSpec* spec = nullptr) {
   const ModelConfig& c = exp.model;
@@ -352,6 +414,7 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
     const int64_t K = c.head.n_classes;
     r.confusion.assign(static_cast<size_t>(K), std::vector<int64_t>(static_cast<size_t>(K), 0));
     int64_t right = 0;
+    std::vector<double> task_loss(c.head.tasks.size(), 0.0);
     for (size_t i0 = 0; i0 < data.items.size(); i0 += static_cast<size_t>(batch)) {
       std::vector<const Example*> ex;
       for (size_t i = i0; i < std::min(data.items.size(), i0 + static_cast<size_t>(batch)); ++i) ex.push_back(&data.items[i]);
@@ -362,8 +425,17 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
       for (size_t i = 0; i < ex.size(); ++i) {
         const float* z = out.logits.data<float>() + static_cast<int64_t>(i) * K;
         const int32_t y = ex[i]->label;
-        total += cross_entropy_row(z, K, y);
-        const int64_t pred = std::max_element(z, z + K) - z;
+        // A multi-task item is scored over its task's classes only: its loss and its prediction.
+        int64_t first = 0, k = K;
+        if (ex[i]->task >= 0) {
+          const HeadTask& t = c.head.tasks[static_cast<size_t>(ex[i]->task)];
+          first = t.first;
+          k = static_cast<int64_t>(t.labels.size());
+        }
+        const double l = cross_entropy_row(z + first, k, y - static_cast<int32_t>(first));
+        total += l;
+        if (ex[i]->task >= 0) task_loss[static_cast<size_t>(ex[i]->task)] += l;
+        const int64_t pred = first + (std::max_element(z + first, z + first + k) - (z + first));
         right += pred == y;
         ++r.confusion[static_cast<size_t>(y)][static_cast<size_t>(pred)];
       }
@@ -381,6 +453,10 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
       f1 += tp ? 2.0 * static_cast<double>(tp) / static_cast<double>(2 * tp + fp + fn) : 0.0;
     }
     r.macro_f1 = f1 / static_cast<double>(K);
+    for (size_t ti = 0; ti < c.head.tasks.size(); ++ti) {  // the tasks the set has items of
+      TaskEval t = task_eval(c.head.tasks[ti], r.confusion, task_loss[ti]);
+      if (t.counted > 0) r.tasks.push_back(std::move(t));
+    }
   } else if (exp.train.objective == Objective::mlm) {
     // Every example under its fixed mask (keyed by its index in the set): the masked rows' loss
     // and how many of them the arg-max gets right.
@@ -429,12 +505,21 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
   return r;
 }
 
+// " (fashion 0.810000, digits 0.640000)" for a multi-task evaluation's progress line.
+std::string task_figures(const EvalResult& e) {
+  std::string s;
+  for (const TaskEval& t : e.tasks) s += (s.empty() ? " (" : ", ") + t.name + " " + std::to_string(t.accuracy);
+  return s.empty() ? s : s + ")";
+}
+
 json eval_json(const EvalResult& e) {
   json j = {{"loss", e.loss}, {"counted", e.counted}};
   if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
   if (e.macro_f1 >= 0) j["macro_f1"] = e.macro_f1;
   if (e.bits_per_token >= 0) j["bits_per_token"] = e.bits_per_token;
   if (e.bits_per_token >= 0 && e.accuracy >= 0) j["perplexity"] = std::exp(e.loss);  // mlm
+  for (const TaskEval& t : e.tasks)
+    j["tasks"][t.name] = {{"loss", t.loss}, {"accuracy", t.accuracy}, {"macro_f1", t.macro_f1}, {"counted", t.counted}};
   return j;
 }
 
@@ -936,7 +1021,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   // The pictures of the run so far (loss.png, metric.png, confusion.png): a failure to draw them
   // is reported and training goes on.
   auto plots = [&](const std::vector<std::vector<int64_t>>& confusion) {
-    const Status st = report::write_plots(sum.dir, classes, confusion);
+    const Status st = report::write_plots(sum.dir, classes, confusion, c.head.tasks);
     if (!st.ok()) progress.line("train: no plots: " + st.message());
   };
 
@@ -1042,6 +1127,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         Result<Batch> made = make_batch(train.format, ex, &tg.labels, &aug);
         if (!made.ok()) return made.status().with_prefix("train: step " + std::to_string(step + 1));
         b = std::move(made).value();
+        tg.label_blocks = label_blocks(c, ex);
       }
       go.dropout.step = static_cast<uint64_t>(step);
       go.dropout.micro_batch = static_cast<uint64_t>(parts);
@@ -1131,6 +1217,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       progress.line("eval at step " + std::to_string(step) + ": loss " + std::to_string(e.loss) +
                     (e.accuracy >= 0 ? ", accuracy " + std::to_string(e.accuracy) : "") +
                     (e.bits_per_token >= 0 ? ", bits/token " + std::to_string(e.bits_per_token) : "") +
+                    task_figures(e) +
                     (improved ? " (best)" : ""));
       TSR_RETURN_IF_ERROR(save(step));
       if (tc.patience > 0 && since_best >= tc.patience) {
@@ -1318,6 +1405,16 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
   Encoded e;
   e.format = train::row_format(c, src.encoders, src.layout);
   for (const run::Sequence& s : made.seqs) e.items.push_back(make_example(e.format, s, label, false));
+  if (tc.objective == Objective::classify && !c.head.tasks.empty()) {  // its task's block, as training's loss
+    std::string why;
+    const int32_t task = run::sequence_task(exp, made.seqs, &why);
+    if (task < 0) return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): " + why);
+    const HeadTask& t = c.head.tasks[static_cast<size_t>(task)];
+    if (label < t.first || label >= t.first + static_cast<int64_t>(t.labels.size()))
+      return Status::Invalid("--item " + std::to_string(index) + " (" + item.id + "): its label \"" + label_text(item) +
+                             "\" is not one of the classes of task " + t.name);
+    for (Example& x : e.items) x.task = task;
+  }
   std::vector<const Example*> ex;
   for (const Example& x : e.items) ex.push_back(&x);
   out.targets.label_smoothing = static_cast<float>(tc.label_smoothing);
@@ -1347,6 +1444,7 @@ Result<ExperimentItem> experiment_item(const Experiment& exp, int64_t index) {
       out.targets.tokens = next_token_targets(out.batch);
       out.loss = "next-token cross-entropy over the item's rows" + seqs;
     } else if (tc.objective == Objective::classify) {
+      out.targets.label_blocks = label_blocks(c, ex);
       out.loss = "cross-entropy against its label " + std::to_string(label) + seqs;
     } else {
       return Status::Invalid("--item: the model has neither a classifier nor an LM head: give --ids or --rows (the loss "
