@@ -194,7 +194,7 @@ TEST(AudioPlugin, DescribesItself) {
   EXPECT_EQ(p->modality(), "audio");
   EXPECT_EQ(p->input_kind(), TSR_INPUT_FILE);
   EXPECT_EQ(p->extensions(), (std::vector<std::string>{".wav", ".flac", ".ogg", ".oga"}));
-  ASSERT_EQ(p->options().size(), 23u);
+  ASSERT_EQ(p->options().size(), 24u);
   EXPECT_EQ(p->options()[0].name, "recipe");
   EXPECT_EQ(p->options()[0].choices, (std::vector<std::string>{"whisper", "kaldi_fbank", "ast", "frames"}));
   for (const PluginOptionSpec& o : p->options()) {
@@ -550,6 +550,61 @@ TEST(AudioRows, ShortClipsWithPadding) {
   EXPECT_EQ(r.picture.width, 1);
 }
 
+// cmvn: each mel band's mean (and standard deviation) over the clip's content frames, taken out of
+// the same encoder's rows without it; a plain loop in double is the reference.
+TEST(AudioRows, CmvnNormalisesEachBandOverTheClipsOwnFrames) {
+  struct Case {
+    Overrides base;
+    std::string file;
+  };
+  // Kaldi framing (every frame is content); Whisper pads a 2.9 s clip to 30 s, whose padding frames
+  // must not count in the statistics but are shifted and scaled like the rest.
+  const std::vector<Case> cases = {{{{"recipe", "kaldi_fbank"}}, "Front_Center.wav"},
+                                   {{{"recipe", "whisper"}}, "cards_001.wav"}};
+  for (const Case& c : cases) {
+    const TokenRows plain = encode_file(c.file, c.base);
+    const int64_t n = plain.size(), B = plain.features.dim(1);
+    // Kaldi's frames all lie inside the audio; Whisper's frame f is centred on sample 160 f.
+    int64_t content = n;
+    if (c.base.at("recipe") == "whisper") {
+      const audio::Decoded d = decode_file(c.file);
+      ASSERT_EQ(d.sample_rate, 16000) << c.file;
+      content = 0;
+      while (content < n && 160 * content < static_cast<int64_t>(d.samples.size())) ++content;
+      ASSERT_LT(content, n - 2000) << c.file;
+    }
+    ASSERT_GT(content, 50) << c.file;
+    ASSERT_LE(content, n) << c.file;
+    for (const std::string mode : {"mean", "mean_var"}) {
+      Overrides o = c.base;
+      o["cmvn"] = mode;
+      const TokenRows got = encode_file(c.file, o);
+      ASSERT_EQ(got.size(), n);
+      double worst = 0, worst_mean = 0, worst_var = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        double mean = 0, var = 0;
+        for (int64_t f = 0; f < content; ++f) mean += feature(plain, f, b);
+        mean /= static_cast<double>(content);
+        for (int64_t f = 0; f < content; ++f) var += (feature(plain, f, b) - mean) * (feature(plain, f, b) - mean);
+        var /= static_cast<double>(content);
+        const double scale = mode == "mean_var" ? 1 / std::sqrt(std::max(var, 1e-10)) : 1.0;
+        double m2 = 0, v2 = 0;
+        for (int64_t f = 0; f < n; ++f) {
+          worst = std::max(worst, std::abs(feature(got, f, b) - (feature(plain, f, b) - mean) * scale));
+          if (f < content) m2 += feature(got, f, b);
+        }
+        m2 /= static_cast<double>(content);
+        for (int64_t f = 0; f < content; ++f) v2 += (feature(got, f, b) - m2) * (feature(got, f, b) - m2);
+        worst_mean = std::max(worst_mean, std::abs(m2));
+        if (mode == "mean_var" && var > 1e-6) worst_var = std::max(worst_var, std::abs(v2 / static_cast<double>(content) - 1));
+      }
+      EXPECT_LT(worst, 2e-4) << c.file << " " << mode;
+      EXPECT_LT(worst_mean, 1e-4) << c.file << " " << mode;
+      EXPECT_LT(worst_var, 1e-3) << c.file << " " << mode;
+    }
+  }
+}
+
 // ---- Bad input: TSR_BAD_INPUT with the item id and what is wrong ---------------------------------
 
 class AudioBadInput : public ::testing::Test {
@@ -671,9 +726,9 @@ TEST(AudioOptions, RecipeValuesWrittenOutAreAccepted) {
 TEST(AudioOptions, EveryBadValueNamesItsOption) {
   const std::string frames_only = "; leave the option at its default, or use recipe: frames";
   const std::vector<std::tuple<Overrides, std::string, std::string>> cases = {
-      {{{"recipe", "mfcc"}}, "recipe", "unknown value \"mfcc\""},
-      {{{"rows", "grid"}}, "rows", "unknown value \"grid\""},
-      {{{"resample_quality", "best"}}, "resample_quality", "unknown value \"best\""},
+      {{{"recipe", "mfcc"}}, "recipe", "unknown value \"mfcc\"; use one of whisper, kaldi_fbank, ast, frames"},
+      {{{"rows", "grid"}}, "rows", "unknown value \"grid\"; use one of frames, patches"},
+      {{{"resample_quality", "best"}}, "resample_quality", "unknown value \"best\"; use one of qq, lq, mq, hq, vhq"},
       {{{"n_fft", "512"}}, "n_fft", "recipe whisper fixes it at 400, so 512 cannot be used" + frames_only},
       {{{"recipe", "ast"}, {"n_fft", "512"}},
        "n_fft",
@@ -730,6 +785,7 @@ TEST(AudioOptions, EveryBadValueNamesItsOption) {
       {{{"augment_freq_masks", "1"}}, "augment_freq_mask_width", "must be at least 1 with augment_freq_masks 1"},
       {{{"augment_freq_warp", "0.6"}}, "augment_freq_warp", "0.6 is outside [0, 0.5]"},
       {{{"augment_freq_warp", "-0.1"}}, "augment_freq_warp", "-0.1 is outside [0, 0.5]"},
+      {{{"cmvn", "median"}}, "cmvn", "unknown value \"median\"; use one of none, mean, mean_var"},
   };
   for (const auto& [overrides, option, message] : cases) {
     auto e = Encoder::create(plugin(), options(overrides));

@@ -144,6 +144,10 @@ std::vector<float> unfold_patches(const std::vector<float>& spec, int n_frames, 
 
 enum class Recipe { whisper, kaldi_fbank, ast, frames };
 enum class LogKind { whisper, ln, log10, none };  // whisper: log10, clamp to max - 8, (x + 4) / 4
+// Per-utterance normalisation of the log-mel bands (Kaldi's apply-cmvn with one utterance's stats):
+// each band's mean over the clip's content frames is subtracted (mean), and the band is also
+// divided by its standard deviation there (mean_var).
+enum class Cmvn { none, mean, mean_var };
 
 // Every setting of the log-mel front end, resolved from the plugin's options (recipe.cpp says
 // what each recipe fixes).
@@ -160,9 +164,15 @@ struct FrontEnd {
   LogKind log = LogKind::whisper;
   double log_floor = 1e-10;
   int64_t target_frames = 0;  // 0: as many frames as the audio gives; > 0: padded or trimmed to this
+  Cmvn cmvn = Cmvn::none;     // after the log, before padding rows and the AST normalisation
   bool normalise = false;     // ast: (x - mean) / (2 · std)
   double mean = 0, std = 1;
 };
+
+// Per-utterance CMVN in place on (n_frames, n_mels) time-major values: each band's mean (and, with
+// mean_var, standard deviation, floored at 1e-10) over the first `stats_frames` frames, applied to
+// all n_frames.
+void apply_cmvn(std::vector<double>& values, int n_frames, int n_mels, int stats_frames, Cmvn cmvn);
 
 struct Features {
   int n_frames = 0, n_mels = 0;

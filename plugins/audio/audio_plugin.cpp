@@ -70,6 +70,11 @@ const tsr_option_spec kOptions[] = {
     {sizeof(tsr_option_spec), "ast_mean", TSR_OPT_FLOAT, kAstMean,
      "recipe ast: features become (x - ast_mean) / (2 · ast_std); AudioSet's by default", nullptr},
     {sizeof(tsr_option_spec), "ast_std", TSR_OPT_FLOAT, kAstStd, "recipe ast: see ast_mean", nullptr},
+    {sizeof(tsr_option_spec), "cmvn", TSR_OPT_ENUM, "none",
+     "per-utterance normalisation after the log (Kaldi's apply-cmvn on one clip's own statistics): mean "
+     "subtracts each mel band's mean over the clip's frames, mean_var also divides by its standard "
+     "deviation; none: off (what pretrained checkpoints expect)",
+     "none|mean|mean_var"},
     {sizeof(tsr_option_spec), "patch_size", TSR_OPT_INT, "16",
      "rows patches: patch side, in frames and bands", nullptr},
     {sizeof(tsr_option_spec), "patch_stride", TSR_OPT_INT, "10",
@@ -139,7 +144,9 @@ E enum_of(const Options& o, const std::string& name, std::initializer_list<const
     if (v == n) return static_cast<E>(i);
     ++i;
   }
-  bad(name, "unknown value \"" + v + "\"");
+  std::string known;
+  for (const char* n : names) known += (known.empty() ? "" : ", ") + std::string(n);
+  bad(name, "unknown value \"" + v + "\"; use one of " + known);
 }
 
 // Reads the options into a FrontEnd. Each recipe fixes some settings: an option left at its
@@ -195,6 +202,7 @@ class OptionReader {
       bad("target_frames", std::to_string(fe_.target_frames) + " frames of " + std::to_string(fe_.hop) +
                                " samples are more than a day of audio");
 
+    fe_.cmvn = enum_of<audio::Cmvn>(o_, "cmvn", {"none", "mean", "mean_var"});
     fe_.normalise = r == Recipe::ast;
     fe_.mean = o_.get_float("ast_mean");
     fe_.std = o_.get_float("ast_std");

@@ -62,6 +62,11 @@ Features Extractor::compute(const std::vector<double>& audio) {
       break;
   }
 
+  // Content frames: those whose centre lies inside the audio.
+  int content = 0;
+  while (content < kept && frame_centre(content) * fe_.sample_rate < static_cast<double>(out.n_samples)) ++content;
+  if (fe_.cmvn != Cmvn::none) apply_cmvn(mel, kept, fe_.n_mels, std::max(content, 1), fe_.cmvn);
+
   // Kaldi-framed recipes pad or trim the finished rows, with zero rows (HF's ASTFeatureExtractor).
   out.n_frames = kept;
   if (!centred && target > 0) {
@@ -71,14 +76,22 @@ Features Extractor::compute(const std::vector<double>& audio) {
   if (fe_.normalise)
     for (double& v : mel) v = (v - fe_.mean) / (2 * fe_.std);
 
-  // Content frames: those whose centre lies inside the audio.
-  int content = 0;
-  while (content < out.n_frames &&
-         frame_centre(content) * fe_.sample_rate < static_cast<double>(out.n_samples))
-    ++content;
   out.content_frames = std::min(content, centred ? out.n_frames : kept);
   out.values.assign(mel.begin(), mel.end());
   return out;
+}
+
+void apply_cmvn(std::vector<double>& values, int n_frames, int n_mels, int stats_frames, Cmvn cmvn) {
+  for (int m = 0; m < n_mels; ++m) {
+    auto at = [&](int f) -> double& { return values[static_cast<size_t>(f) * n_mels + m]; };
+    double mean = 0, var = 0;
+    for (int f = 0; f < stats_frames; ++f) mean += at(f);
+    mean /= stats_frames;
+    for (int f = 0; f < stats_frames; ++f) var += (at(f) - mean) * (at(f) - mean);
+    var /= stats_frames;
+    const double scale = cmvn == Cmvn::mean_var ? 1.0 / std::sqrt(std::max(var, 1e-10)) : 1.0;
+    for (int f = 0; f < n_frames; ++f) at(f) = (at(f) - mean) * scale;
+  }
 }
 
 double Extractor::frame_centre(int f) const {
