@@ -44,9 +44,12 @@ int run_train(const TrainArgs& a) {
     for (const TaskEval& k : e.tasks)  // a multi-task head: each task over its own items
       t += "\n  task " + k.name + ": accuracy " + fmt(100 * k.accuracy, 2, false) + " %, macro-F1 " +
            fmt(k.macro_f1, 4, false) + ", loss " + fmt(k.loss, 4, false) + " (" + std::to_string(k.counted) + " items)";
+    if (!e.tasks.empty())
+      t += "\n  mean of the tasks' accuracies: " + fmt(100 * metric_value(TrainMetric::task_mean, e), 2, false) + " %";
     return t;
   };
-  std::printf("best validation (step %lld): %s\n", static_cast<long long>(s.best_step), describe(s.best).c_str());
+  std::printf("best validation (step %lld, by train.metric %s): %s\n", static_cast<long long>(s.best_step),
+              train_metric_name(s.metric), describe(s.best).c_str());
   if (s.test.counted) std::printf("test (best weights): %s\n", describe(s.test).c_str());
   if (s.stopped_early) std::printf("stopped early: no better validation for train.patience evaluations\n");
   if (exp->train.baseline == Baseline::none)

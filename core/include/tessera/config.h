@@ -336,7 +336,9 @@ struct BenchConfig {
 enum class Objective : int { auto_detect = 0, classify = 1, lm = 2, mlm = 3 };
 enum class OptimizerKind : int { adamw = 0, sgd = 1 };
 enum class ScheduleKind : int { cosine = 0, linear = 1, constant = 2 };
-enum class TrainMetric : int { auto_detect = 0, loss = 1, accuracy = 2 };
+// macro_f1: the classifier's macro-F1; task_mean: the unweighted mean of the tasks' accuracies
+// (model.head.tasks; a task the validation set has no items of does not count).
+enum class TrainMetric : int { auto_detect = 0, loss = 1, accuracy = 2, macro_f1 = 3, task_mean = 4 };
 // lm: what is trained instead of the model (docs/TRAINING.md, "Baselines"): counted n-gram models
 // of the training stream, or the proximity model (the mean of the last `window` embeddings).
 enum class Baseline : int { none = 0, unigram = 1, bigram = 2, proximity = 3 };
@@ -391,7 +393,7 @@ struct TrainConfig {
   std::string validation_labels; // IDX datasets: the labels files of validation_data and test_data
   std::string test_labels;
   int64_t eval_every = 0;        // steps between evaluations; 0: at the end of each epoch
-  TrainMetric metric = TrainMetric::auto_detect;  // resolved: accuracy (classify) or loss (lm)
+  TrainMetric metric = TrainMetric::auto_detect;  // resolved: accuracy (classify) or loss (lm); or macro_f1, task_mean
   int64_t patience = 0;          // stop after this many evaluations without a better metric; 0: never
   int64_t keep = 2;              // checkpoints kept
   int64_t log_every = 10;        // steps between metrics.jsonl lines

@@ -147,8 +147,16 @@ struct EvalResult {
   double bits_per_character = -1;
 };
 
+// What train.metric scores an evaluation by: its loss, accuracy or macro-F1, or the unweighted
+// mean of its tasks' accuracies (task_mean; the tasks the set has items of, -1 where it has none).
+double metric_value(TrainMetric m, const EvalResult& e);
+// Whether `a` is better than `b` by train.metric: a lower loss, a higher accuracy, macro-F1 or
+// task mean. A tie is not better: the earlier of two equal evaluations stays the best.
+bool better_eval(TrainMetric m, const EvalResult& a, const EvalResult& b);
+
 struct TrainSummary {
   std::string dir;
+  TrainMetric metric = TrainMetric::auto_detect;  // what picked `best` (train.metric, resolved)
   int64_t steps = 0;           // optimizer steps done in all
   int64_t steps_resumed = 0;   // of them, done before a resume
   int64_t examples = 0;        // training examples (classify) or windows (lm) per epoch

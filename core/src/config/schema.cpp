@@ -60,7 +60,8 @@ const Names<OptimizerKind> kOptimizerNames = {{"adamw", OptimizerKind::adamw}, {
 const Names<ScheduleKind> kScheduleNames = {
     {"cosine", ScheduleKind::cosine}, {"linear", ScheduleKind::linear}, {"constant", ScheduleKind::constant}};
 const Names<TrainMetric> kMetricNames = {
-    {"auto", TrainMetric::auto_detect}, {"loss", TrainMetric::loss}, {"accuracy", TrainMetric::accuracy}};
+    {"auto", TrainMetric::auto_detect}, {"loss", TrainMetric::loss}, {"accuracy", TrainMetric::accuracy},
+    {"macro_f1", TrainMetric::macro_f1}, {"task_mean", TrainMetric::task_mean}};
 const Names<Baseline> kBaselineNames = {{"none", Baseline::none},
                                         {"unigram", Baseline::unigram},
                                         {"bigram", Baseline::bigram},
@@ -1429,7 +1430,8 @@ void append_train_keys(std::vector<KeyRule>& r) {
                       "steps between evaluations; 0: at the end of each epoch", FIELD(train.eval_every)));
   r.push_back(enum_key("train.metric", kMetricNames, "auto",
                        "what picks the best checkpoint and early stopping: accuracy (classify; mlm: at the masked "
-                       "rows) or loss (lm, mlm)",
+                       "rows), loss (lm, mlm), macro_f1 (classify) or task_mean (the unweighted mean of the "
+                       "tasks' accuracies, model.head.tasks); ties keep the earlier",
                        FIELD(train.metric)));
   r.push_back(int_key("train.patience", upto(kNonNegative, limits::kKeep, kWhyCount), "0",
                       "stop after this many evaluations without a better metric; 0: never",
@@ -2067,6 +2069,15 @@ void resolve(WalkContext& c) {
   if (!c.is_given("train.seq_len")) t.seq_len = std::min<int64_t>(c.exp->model.positions.max_len, 128);
   if (t.metric == TrainMetric::auto_detect && t.objective != Objective::auto_detect)
     t.metric = t.objective == Objective::classify ? TrainMetric::accuracy : TrainMetric::loss;
+  if (t.metric == TrainMetric::macro_f1 && t.objective != Objective::classify)
+    c.error(c.where("train.metric"), "train.metric",
+            "macro_f1 is a classifier's metric, but the objective is " +
+                std::string(t.objective == Objective::mlm ? "mlm" : t.objective == Objective::lm ? "lm" : "not classify"),
+            "use train.metric: loss (or accuracy for a masked LM), or train a classifier head");
+  if (t.metric == TrainMetric::task_mean && (t.objective != Objective::classify || c.exp->model.head.tasks.empty()))
+    c.error(c.where("train.metric"), "train.metric",
+            "task_mean is the mean of the tasks' accuracies, but the model has no model.head.tasks",
+            "give the classifier head its tasks (model.head.tasks), or use train.metric: accuracy or macro_f1");
   // The steps timed to settle a budget's step count must have learning rates that do not depend
   // on it: warmup steps (and the first after them), or any step of a constant schedule.
   if (t.max_minutes > 0 && t.schedule != ScheduleKind::constant && t.warmup_steps < kBudgetProbeMin)

@@ -321,7 +321,11 @@ Status write_report(const std::string& dir, const std::string& experiment_file, 
            fixed(k.macro_f1, 4) + " (" + std::to_string(k.counted) + " items)\n";
     return t;
   };
-  r << "- best validation (step " << s.best_step << "): " << figures(s.best) << "\n" << task_lines(s.best);
+  std::string by;  // what picked it, where not the default's accuracy or loss
+  if (s.metric == TrainMetric::macro_f1) by = ", by macro-F1";
+  if (s.metric == TrainMetric::task_mean)
+    by = ", by the mean of the tasks' accuracies: " + pct(metric_value(TrainMetric::task_mean, s.best));
+  r << "- best validation (step " << s.best_step << by << "): " << figures(s.best) << "\n" << task_lines(s.best);
   if (s.test.counted) r << "- test, with the best weights: " << figures(s.test) << "\n" << task_lines(s.test);
   r << "- best weights: `best.safetensors` (run them with `model.weights.file`)\n\n";
   r << "![loss](loss.png)\n\n";

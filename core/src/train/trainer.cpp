@@ -34,6 +34,30 @@
 namespace tessera {
 
 namespace fs = std::filesystem;
+
+double metric_value(TrainMetric m, const EvalResult& e) {
+  switch (m) {
+    case TrainMetric::accuracy: return e.accuracy;
+    case TrainMetric::macro_f1: return e.macro_f1;
+    case TrainMetric::task_mean: {
+      double sum = 0;
+      int64_t n = 0;
+      for (const TaskEval& t : e.tasks)
+        if (t.counted > 0) {  // a task the set has no items of has no accuracy to count
+          sum += t.accuracy;
+          ++n;
+        }
+      return n ? sum / static_cast<double>(n) : -1;
+    }
+    default: return e.loss;
+  }
+}
+
+// Higher is better for accuracy, macro-F1 and the task mean, lower for loss; a tie is not better.
+bool better_eval(TrainMetric m, const EvalResult& a, const EvalResult& b) {
+  if (m == TrainMetric::loss || m == TrainMetric::auto_detect) return a.loss < b.loss;
+  return metric_value(m, a) > metric_value(m, b);
+}
 using nlohmann::json;
 
 namespace {
@@ -505,11 +529,36 @@ Result<EvalResult> evaluate(const Experiment& exp, const Parameters& params, con
   return r;
 }
 
-// " (fashion 0.810000, digits 0.640000)" for a multi-task evaluation's progress line.
+// " (fashion 0.810000, digits 0.640000; mean 0.725000)" for a multi-task evaluation's progress line.
 std::string task_figures(const EvalResult& e) {
   std::string s;
   for (const TaskEval& t : e.tasks) s += (s.empty() ? " (" : ", ") + t.name + " " + std::to_string(t.accuracy);
-  return s.empty() ? s : s + ")";
+  return s.empty() ? s : s + "; mean " + std::to_string(metric_value(TrainMetric::task_mean, e)) + ")";
+}
+
+// The best evaluation a checkpoint's trainer state holds (eval_json's figures, no confusion),
+// its tasks in the head's order.
+EvalResult best_from_json(const json& b, const ModelConfig& c) {
+  EvalResult best;
+  best.loss = b.value("loss", 0.0);
+  best.accuracy = b.value("accuracy", -1.0);
+  best.macro_f1 = b.value("macro_f1", -1.0);
+  best.bits_per_token = b.value("bits_per_token", -1.0);
+  best.counted = b.value("counted", int64_t{0});
+  if (b.contains("tasks") && b["tasks"].is_object())
+    for (const HeadTask& h : c.head.tasks) {
+      if (!b["tasks"].contains(h.name) || !b["tasks"][h.name].is_object()) continue;
+      const json& k = b["tasks"][h.name];
+      TaskEval t;
+      t.name = h.name;
+      t.loss = k.value("loss", 0.0);
+      t.accuracy = k.value("accuracy", 0.0);
+      t.macro_f1 = k.value("macro_f1", 0.0);
+      t.counted = k.value("counted", int64_t{0});
+      t.classes = h.labels;
+      best.tasks.push_back(std::move(t));
+    }
+  return best;
 }
 
 json eval_json(const EvalResult& e) {
@@ -520,13 +569,11 @@ json eval_json(const EvalResult& e) {
   if (e.bits_per_token >= 0 && e.accuracy >= 0) j["perplexity"] = std::exp(e.loss);  // mlm
   for (const TaskEval& t : e.tasks)
     j["tasks"][t.name] = {{"loss", t.loss}, {"accuracy", t.accuracy}, {"macro_f1", t.macro_f1}, {"counted", t.counted}};
+  if (!e.tasks.empty()) j["task_mean"] = metric_value(TrainMetric::task_mean, e);
   return j;
 }
 
-// Higher is better for accuracy, lower for loss.
-bool better(TrainMetric m, const EvalResult& a, const EvalResult& b) {
-  return m == TrainMetric::accuracy ? a.accuracy > b.accuracy : a.loss < b.loss;
-}
+bool better(TrainMetric m, const EvalResult& a, const EvalResult& b) { return better_eval(m, a, b); }
 
 // What a changed config would change in the arithmetic: everything but where the run is written,
 // how often it logs, and how far it goes (epochs and max_steps may grow on a resume; a budget's
@@ -961,11 +1008,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     const json st = json::parse(ck->state_json, nullptr, false);
     if (st.is_object() && st.contains("best")) {
       have_best = true;
-      best.loss = st["best"].value("loss", 0.0);
-      best.accuracy = st["best"].value("accuracy", -1.0);
-      best.macro_f1 = st["best"].value("macro_f1", -1.0);
-      best.bits_per_token = st["best"].value("bits_per_token", -1.0);
-      best.counted = st["best"].value("counted", int64_t{0});
+      best = best_from_json(st["best"], c);  // with its tasks: task_mean compares against them
       best_step = st.value("best_step", int64_t{0});
       since_best = st.value("since_best", int64_t{0});
     }
@@ -1216,6 +1259,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       plots(e.confusion);
       progress.line("eval at step " + std::to_string(step) + ": loss " + std::to_string(e.loss) +
                     (e.accuracy >= 0 ? ", accuracy " + std::to_string(e.accuracy) : "") +
+                    (tc.metric == TrainMetric::macro_f1 ? ", macro-F1 " + std::to_string(e.macro_f1) : "") +
                     (e.bits_per_token >= 0 ? ", bits/token " + std::to_string(e.bits_per_token) : "") +
                     task_figures(e) +
                     (improved ? " (best)" : ""));
@@ -1232,6 +1276,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   sum.steps = step;
   sum.best = best;
   sum.best_step = best_step;
+  sum.metric = tc.metric;
   if (!tc.test_data.empty()) {
     if (!test_encoded) TSR_RETURN_IF_ERROR(encode_test());
     TSR_ASSIGN_OR_RETURN(Parameters best_params, load_weights((fs::path(sum.dir) / "best.safetensors").string(), c));
@@ -1240,7 +1285,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   }
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   json s = {{"steps", sum.steps}, {"best_step", best_step}, {"best", eval_json(best)}, {"seconds", sum.seconds},
-            {"stopped_early", sum.stopped_early}, {"classes", classes}};
+            {"stopped_early", sum.stopped_early}, {"classes", classes}, {"metric", train_metric_name(tc.metric)}};
   if (sum.test.counted) s["test"] = eval_json(sum.test);
   if (sum.budget_minutes > 0) s["budget_minutes"] = sum.budget_minutes;
   if (sum.bad_items > 0) s["bad_items"] = sum.bad_items;
