@@ -49,5 +49,8 @@ class Comm {
 std::string mpi_library();
 // Whether this process was started by an MPI launcher (its environment says so).
 bool started_by_mpi_launcher();
+// This process's rank as the launcher's environment gives it (0 when not started by one): known
+// before MPI starts, for what must happen before (a run folder cleared by rank 0 alone).
+int launcher_rank();
 
 }  // namespace tessera

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "tessera/checkpoint.h"
+#include "tessera/comm.h"
 #include "tessera/fileio.h"
 #include "tessera/machine.h"
 #include "tessera/optim.h"
@@ -839,6 +840,46 @@ Result<TrainSummary> train_mlm_baseline(const Experiment& exp, const Encoded& tr
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// dst += src, tensor by tensor (the same names and shapes).
+void add_gradients(Parameters& dst, const Parameters& src) {
+  for (size_t i = 0; i < dst.size(); ++i) {
+    float* d = dst.find(dst[i].first)->data<float>();
+    const float* x = src[i].second.data<float>();
+    const int64_t n = src[i].second.numel();
+    for (int64_t k = 0; k < n; ++k) d[k] += x[k];
+  }
+}
+
+// Every rank's gradients summed, in rank order (Comm::allreduce_sum), through one flat buffer.
+Status allreduce_gradients(Comm& comm, Parameters& grads, std::vector<float>* flat) {
+  flat->resize(static_cast<size_t>(grads.numel()));
+  size_t at = 0;
+  for (const auto& [name, t] : grads) {
+    std::copy_n(t.data<float>(), t.numel(), flat->data() + at);
+    at += static_cast<size_t>(t.numel());
+  }
+  TSR_RETURN_IF_ERROR(comm.allreduce_sum(flat->data(), static_cast<int64_t>(flat->size())));
+  at = 0;
+  for (const auto& [name, t] : grads) {
+    std::copy_n(flat->data() + at, t.numel(), grads.find(name)->data<float>());
+    at += static_cast<size_t>(t.numel());
+  }
+  return Status::Ok();
+}
+
+// The ranks' micro-batch losses, in micro-batch order (rank 0's first), on every rank.
+Result<std::vector<double>> gather_losses(Comm& comm, const std::vector<double>& mine) {
+  TSR_ASSIGN_OR_RETURN(std::vector<std::string> all, comm.allgather(json(mine).dump()));
+  std::vector<double> out;
+  for (const std::string& a : all)
+    for (double l : json::parse(a)) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
 Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const ModelConfig& c = exp.model;
@@ -865,17 +906,25 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   if (fs::exists(ckpt_dir, ec) && !opt.resume && !opt.force)
     return Status::Invalid("train: " + sum.dir + " already holds a training run: pass --resume to continue it, "
                                  "or --force to start over");
-  if (opt.force && !opt.resume) {
+  // Under MPI every rank trains the same weights and rank 0 alone writes the run folder.
+  const bool root = launcher_rank() == 0;
+  if (opt.force && !opt.resume && root) {
     fs::remove_all(ckpt_dir, ec);
     for (const char* leaf : {"metrics.jsonl", "best.safetensors", "summary.json"})
       fs::remove(fs::path(sum.dir) / leaf, ec);  // nothing of the old run is left to be taken for the new
   }
   fs::create_directories(sum.dir, ec);
   if (ec) return Status::IoError("train: cannot create " + sum.dir + ": " + ec.message());
-  Progress progress(opt.progress);
+  Progress progress(opt.progress && root);
 
   // Data.
   TSR_ASSIGN_OR_RETURN(Sources src, open_plugins(exp));
+  // MPI starts after the plugins' worker processes are forked.
+  Comm& comm = Comm::world();
+  const int n_ranks = comm.size(), my_rank = comm.rank();
+  if (my_rank != launcher_rank())
+    return Status::Internal("train: MPI says rank " + std::to_string(my_rank) + ", the launcher's environment " +
+                            std::to_string(launcher_rank()));
   std::vector<std::string> classes;
   if (tc.objective == Objective::classify) {
     Result<std::vector<DataItem>> listed =
@@ -922,6 +971,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   }
   TSR_RETURN_IF_ERROR(check_schedule(schedule_options(tc), total));
   if (tc.baseline != Baseline::none) {
+    if (n_ranks > 1)
+      return Status::Invalid("train: a baseline (train.baseline: " + std::string(baseline_name(tc.baseline)) +
+                             ") runs as one process: start it without mpirun or srun");
     if (mlm && val.items.empty()) return Status::Invalid("train: no held-out items to evaluate the baseline on");
     if (opt.resume)
       return Status::Invalid("train --resume: a baseline (train.baseline: " + std::string(baseline_name(tc.baseline)) +
@@ -978,15 +1030,18 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         sum.budget_minutes = st.value("budget_minutes", 0.0);
       }
     }
-    TSR_RETURN_IF_ERROR(trim_metrics(metrics_path, step));
+    if (root) TSR_RETURN_IF_ERROR(trim_metrics(metrics_path, step));
     sum.steps_resumed = step;
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
+  std::ofstream metrics;
+  if (root) metrics.open(metrics_path, std::ios::app);
   auto log = [&](const json& j) {
+    if (!root) return;
     metrics << j.dump() << "\n";
     metrics.flush();
   };
   auto save = [&](int64_t at) -> Status {
+    if (!root) return Status::Ok();
     Checkpoint ck;
     ck.step = at;
     ck.weights = params;
@@ -1021,6 +1076,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   // The pictures of the run so far (loss.png, metric.png, confusion.png): a failure to draw them
   // is reported and training goes on.
   auto plots = [&](const std::vector<std::vector<int64_t>>& confusion) {
+    if (!root) return;
     const Status st = report::write_plots(sum.dir, classes, confusion, c.head.tasks);
     if (!st.ok()) progress.line("train: no plots: " + st.message());
   };
@@ -1029,6 +1085,11 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   const TensorReuse reuse;
   Parameters grads = params.zeros_like();
   Parameters trained_grads = trained_part(tc, grads);  // the same storage
+  // A step's micro-batches after its first (on this rank) are computed into `scratch` and added to
+  // grads, so that their gradients are summed in micro-batch order whatever the number of ranks
+  // that computes them (the allreduce below adds the ranks' sums in rank order).
+  Parameters scratch, trained_scratch;  // made when a rank first has a second micro-batch
+  std::vector<float> flat;  // the trained gradients in one buffer, for the allreduce
   GradOptions go;
   go.reference = exp.runtime.reference;
   go.dropout = {static_cast<float>(tc.dropout.embedding), static_cast<float>(tc.dropout.attention),
@@ -1043,7 +1104,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     lowp = lowp_weights(c, params);
     go.lowp = &lowp;
   }
-  const int64_t micro = tc.batch_size / tc.accumulate;
+  // Under N ranks the step's batch is cut into at least N micro-batches, so that each rank has a
+  // part of it: one process with train.accumulate N (and the same threads) gives the same bits.
+  const int64_t micro = std::max<int64_t>(1, tc.batch_size / std::max<int64_t>(tc.accumulate, n_ranks));
   // The test set, scored once at the end with the best weights. Under a budget it is encoded now,
   // so that what scoring it costs is known when the step count is settled.
   Encoded test;
@@ -1094,8 +1157,13 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         picks.push_back(order[static_cast<size_t>(i)]);
     }
     double step_loss = 0;
-    int64_t parts = 0;
-    for (size_t m0 = 0; m0 < picks.size(); m0 += static_cast<size_t>(micro)) {
+    // The step's micro-batches j = 0 .. M-1 (micro examples each); rank r of N computes those in
+    // [M r / N, M (r + 1) / N). Their losses, in order, are summed after the step.
+    const int64_t n_micro = (static_cast<int64_t>(picks.size()) + micro - 1) / micro;
+    const int64_t j_begin = n_micro * my_rank / n_ranks, j_end = n_micro * (my_rank + 1) / n_ranks;
+    std::vector<double> micro_losses;
+    for (int64_t j = j_begin; j < j_end; ++j) {
+      const size_t m0 = static_cast<size_t>(j * micro);
       const std::vector<int64_t> mb(picks.begin() + static_cast<std::ptrdiff_t>(m0),
                                     picks.begin() + static_cast<std::ptrdiff_t>(std::min(picks.size(), m0 + static_cast<size_t>(micro))));
       Batch b;
@@ -1130,12 +1198,25 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         tg.label_blocks = label_blocks(c, ex);
       }
       go.dropout.step = static_cast<uint64_t>(step);
-      go.dropout.micro_batch = static_cast<uint64_t>(parts);
-      Result<LossValue> r = compute_gradients(c, params, b, tg, &grads, go);
+      go.dropout.micro_batch = static_cast<uint64_t>(j);
+      const bool first_here = j == j_begin;
+      if (!first_here && scratch.size() == 0) {
+        scratch = params.zeros_like();
+        trained_scratch = trained_part(tc, scratch);
+      }
+      if (!first_here) scratch.zero();
+      Result<LossValue> r = compute_gradients(c, params, b, tg, first_here ? &grads : &scratch, go);
       if (!r.ok()) return r.status().with_prefix("train: step " + std::to_string(step + 1));
-      step_loss += r->loss;
-      ++parts;
+      if (!first_here) add_gradients(trained_grads, trained_scratch);
+      micro_losses.push_back(r->loss);
     }
+    if (n_ranks > 1) {
+      TSR_RETURN_IF_ERROR(
+          allreduce_gradients(comm, trained_grads, &flat).with_prefix("train: step " + std::to_string(step + 1)));
+      TSR_ASSIGN_OR_RETURN(micro_losses, gather_losses(comm, micro_losses));
+    }
+    const int64_t parts = n_micro;
+    for (double l : micro_losses) step_loss += l;
     if (parts > 1) scale(trained_grads, 1.0 / static_cast<double>(parts));
     step_loss /= static_cast<double>(parts);
     std::string bad;
@@ -1172,7 +1253,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       const int64_t every = tc.eval_every > 0 ? tc.eval_every : steps_per_epoch;
       const double left = 0.90 * tc.max_minutes * 60.0 - seconds_since(t0) - eval_s - test_s;
       const double fit = std::floor(std::max(0.0, left) / (step_s + eval_s / static_cast<double>(every)));
-      const int64_t budgeted = step + std::max<int64_t>(1, static_cast<int64_t>(std::min(fit, 1e15)));
+      int64_t budgeted = step + std::max<int64_t>(1, static_cast<int64_t>(std::min(fit, 1e15)));
+      // Every rank takes rank 0's count: the ranks' clocks differ, their step counts must not.
+      TSR_RETURN_IF_ERROR(comm.broadcast(&budgeted, sizeof budgeted, 0));
       total = std::min(total, budgeted);
       settled = true;
       sum.budget_minutes = tc.max_minutes;
@@ -1207,7 +1290,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         best_step = step;
         have_best = true;
         since_best = 0;
-        TSR_RETURN_IF_ERROR(params.save((fs::path(sum.dir) / "best.safetensors").string()));
+        if (root) TSR_RETURN_IF_ERROR(params.save((fs::path(sum.dir) / "best.safetensors").string()));
       } else {
         ++since_best;
       }
@@ -1234,6 +1317,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   sum.best_step = best_step;
   if (!tc.test_data.empty()) {
     if (!test_encoded) TSR_RETURN_IF_ERROR(encode_test());
+    TSR_RETURN_IF_ERROR(comm.barrier());  // rank 0 has written best.safetensors
     TSR_ASSIGN_OR_RETURN(Parameters best_params, load_weights((fs::path(sum.dir) / "best.safetensors").string(), c));
     TSR_ASSIGN_OR_RETURN(sum.test, evaluate(exp, best_params, test, micro, &spec));
     log({{"step", step}, {"test", eval_json(sum.test)}, {"weights", "best.safetensors"}});
@@ -1244,6 +1328,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   if (sum.test.counted) s["test"] = eval_json(sum.test);
   if (sum.budget_minutes > 0) s["budget_minutes"] = sum.budget_minutes;
   if (sum.bad_items > 0) s["bad_items"] = sum.bad_items;
+  if (!root) return sum;
   TSR_RETURN_IF_ERROR(write_file_atomic((fs::path(sum.dir) / "summary.json").string(), s.dump(2) + "\n"));
   plots(sum.test.counted ? sum.test.confusion : best.confusion);
   const std::string model_line = "d_model " + std::to_string(c.d_model) + ", " + std::to_string(c.n_layers) +
