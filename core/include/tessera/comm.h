@@ -43,6 +43,7 @@ class Comm {
  private:
   Comm() = default;
   int rank_ = 0, size_ = 1;
+  std::vector<float> gathered_, summed_;  // allreduce_sum's buffers, kept between calls
 };
 
 // "Open MPI v4.1.4, ..." (MPI_Get_library_version) when built with MPI; "" when not.

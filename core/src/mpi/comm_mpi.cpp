@@ -70,7 +70,8 @@ Status Comm::allreduce_sum(float* data, int64_t n) {
   if (n < 0) return Status::Invalid("allreduce_sum of " + std::to_string(n) + " values");
   const int N = size_;
   std::vector<int> counts(N), displs(N), recv_counts(N), recv_displs(N);
-  std::vector<float> gathered, sum;
+  std::vector<float>& gathered = gathered_;
+  std::vector<float>& sum = summed_;
   for (int64_t w0 = 0; w0 < n; w0 += kWindow) {
     const int64_t len = std::min(kWindow, n - w0);
     float* x = data + w0;
@@ -83,11 +84,12 @@ Status Comm::allreduce_sum(float* data, int64_t n) {
       recv_counts[r] = mine;
       recv_displs[r] = mine * r;
     }
-    gathered.resize(static_cast<size_t>(mine) * N);
+    if (gathered.size() < static_cast<size_t>(mine) * N) gathered.resize(static_cast<size_t>(mine) * N);
     TSR_RETURN_IF_ERROR(mpi_status(MPI_Alltoallv(x, counts.data(), displs.data(), MPI_FLOAT, gathered.data(),
                                                  recv_counts.data(), recv_displs.data(), MPI_FLOAT, MPI_COMM_WORLD),
                                    "MPI_Alltoallv (allreduce_sum)"));
-    sum.assign(gathered.begin(), gathered.begin() + mine);
+    if (sum.size() < static_cast<size_t>(mine)) sum.resize(static_cast<size_t>(mine));
+    std::copy_n(gathered.begin(), mine, sum.begin());
     for (int r = 1; r < N; ++r) {
       const float* g = gathered.data() + static_cast<size_t>(mine) * r;
       for (int i = 0; i < mine; ++i) sum[static_cast<size_t>(i)] += g[i];
