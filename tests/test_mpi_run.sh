@@ -8,8 +8,8 @@
 #      never killed.
 #   test_mpi_run.sh BINARY_DIR TEST_PLUGIN_DIR
 set -euo pipefail
-bin=$1
-plugins=$2
+bin=$(cd "$1" && pwd)
+plugins=$(cd "$2" && pwd)
 T=$bin/tessera
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tessera_mpi_run.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
