@@ -70,7 +70,7 @@ where=$(mpi2 /bin/sh -c 'echo "$(hostname) $(ip -4 -o addr show | grep -o "10\.7
 
 # 1. The communicator.
 TESSERA_TEST_RANKS=2 mpi2 -x TESSERA_TEST_RANKS "$bin/tests/test_comm" >"$tmp/comm.out" 2>&1 || { cat "$tmp/comm.out" >&2; fail "test_comm over the veth pair"; }
-[ "$(grep -c "PASSED .*3 tests" "$tmp/comm.out")" = 2 ] || fail "test_comm did not pass on both ranks"
+[ "$(grep -c "PASSED" "$tmp/comm.out")" = 2 ] && ! grep -q "FAILED" "$tmp/comm.out" || fail "test_comm did not pass on both ranks"
 echo "test_comm: 2 ranks over the veth pair"
 
 # 2. A sharded batch run.

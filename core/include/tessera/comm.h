@@ -33,6 +33,14 @@ class Comm {
   Status barrier();
   // data (n floats) becomes the sum over the ranks of each rank's data, in rank order (above).
   Status allreduce_sum(float* data, int64_t n);
+  // The same sum, started now and finished later, so that it runs while the caller computes:
+  // allreduce_start posts it (data must stay put until it is finished), allreduce_progress lets
+  // MPI move the started ones along (call it between pieces of work), allreduce_finish waits for
+  // all of them. Every rank starts the same reductions in the same order. The bits are
+  // allreduce_sum's.
+  Status allreduce_start(float* data, int64_t n);
+  Status allreduce_progress();
+  Status allreduce_finish();
   // bytes (n) from rank `root` to every rank.
   Status broadcast(void* data, int64_t n, int root);
   // Each rank's `mine` (any length), in rank order, on every rank.
@@ -44,6 +52,8 @@ class Comm {
   Comm() = default;
   int rank_ = 0, size_ = 1;
   std::vector<float> gathered_, summed_;  // allreduce_sum's buffers, kept between calls
+  struct Pending;                         // a started reduction (comm_mpi.cpp)
+  std::vector<Pending*> pending_;
 };
 
 // "Open MPI v4.1.4, ..." (MPI_Get_library_version) when built with MPI; "" when not.

@@ -33,6 +33,10 @@ void finalize_at_exit() {
 // The largest count one MPI call takes here (MPI counts are int).
 constexpr int64_t kWindow = int64_t{1} << 26;
 
+// Started reductions post their two phases on communicators of their own, each in the order the
+// reductions were started on every rank, as MPI asks of collectives.
+MPI_Comm g_exchange = MPI_COMM_NULL, g_return = MPI_COMM_NULL;
+
 }  // namespace
 
 Comm& Comm::world() {
@@ -50,6 +54,8 @@ Comm& Comm::world() {
       std::atexit(finalize_at_exit);
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_exchange);
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_return);
     MPI_Comm_rank(MPI_COMM_WORLD, &w.rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &w.size_);
     return w;
@@ -99,6 +105,99 @@ Status Comm::allreduce_sum(float* data, int64_t n) {
                                    "MPI_Allgatherv (allreduce_sum)"));
   }
   return Status::Ok();
+}
+
+// A started reduction of one window: its exchange (MPI_Ialltoallv), then, once that is done, the
+// rank-order sum of this rank's chunk and its return to every rank (MPI_Iallgatherv).
+struct Comm::Pending {
+  float* data = nullptr;
+  int mine = 0, phase = 0;  // 0: exchanging, 1: returning the sums, 2: done
+  std::vector<int> counts, displs, recv_counts, recv_displs;
+  std::vector<float> gathered, sum;
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+Status Comm::allreduce_start(float* data, int64_t n) {
+  if (size_ == 1 || n == 0) return Status::Ok();
+  if (n < 0) return Status::Invalid("allreduce_start of " + std::to_string(n) + " values");
+  const int N = size_;
+  for (int64_t w0 = 0; w0 < n; w0 += kWindow) {
+    const int64_t len = std::min(kWindow, n - w0);
+    auto* p = new Pending;
+    pending_.push_back(p);
+    p->data = data + w0;
+    p->counts.resize(N);
+    p->displs.resize(N);
+    p->recv_counts.resize(N);
+    p->recv_displs.resize(N);
+    for (int r = 0; r < N; ++r) {
+      p->displs[r] = static_cast<int>(len * r / N);
+      p->counts[r] = static_cast<int>(len * (r + 1) / N) - p->displs[r];
+    }
+    p->mine = p->counts[rank_];
+    for (int r = 0; r < N; ++r) {
+      p->recv_counts[r] = p->mine;
+      p->recv_displs[r] = p->mine * r;
+    }
+    p->gathered.resize(static_cast<size_t>(p->mine) * N);
+    TSR_RETURN_IF_ERROR(mpi_status(MPI_Ialltoallv(p->data, p->counts.data(), p->displs.data(), MPI_FLOAT,
+                                                  p->gathered.data(), p->recv_counts.data(), p->recv_displs.data(),
+                                                  MPI_FLOAT, g_exchange, &p->request),
+                                   "MPI_Ialltoallv (allreduce_start)"));
+  }
+  return allreduce_progress();
+}
+
+// A reduction returns its sums only after every one started before it has (so that the returns
+// are posted in the same order on every rank).
+Status Comm::allreduce_progress() {
+  bool earlier_exchanging = false;
+  for (Pending* p : pending_) {
+    if (p->phase == 2) continue;
+    if (p->phase == 0 && earlier_exchanging) break;
+    int done = 0;
+    TSR_RETURN_IF_ERROR(mpi_status(MPI_Test(&p->request, &done, MPI_STATUS_IGNORE), "MPI_Test (allreduce)"));
+    if (!done) {
+      earlier_exchanging |= p->phase == 0;
+      continue;
+    }
+    if (p->phase == 0) {
+      p->sum.assign(p->gathered.begin(), p->gathered.begin() + p->mine);
+      for (int r = 1; r < size_; ++r) {
+        const float* g = p->gathered.data() + static_cast<size_t>(p->mine) * r;
+        for (int i = 0; i < p->mine; ++i) p->sum[static_cast<size_t>(i)] += g[i];
+      }
+      p->phase = 1;
+      TSR_RETURN_IF_ERROR(mpi_status(MPI_Iallgatherv(p->sum.data(), p->mine, MPI_FLOAT, p->data, p->counts.data(),
+                                                     p->displs.data(), MPI_FLOAT, g_return, &p->request),
+                                     "MPI_Iallgatherv (allreduce)"));
+    } else {
+      p->phase = 2;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Comm::allreduce_finish() {
+  Status st = Status::Ok();
+  for (Pending* p : pending_) {
+    while (st.ok() && p->phase != 2) {
+      if (p->phase == 0) {
+        st = mpi_status(MPI_Wait(&p->request, MPI_STATUS_IGNORE), "MPI_Wait (allreduce)");
+        if (st.ok()) {
+          p->request = MPI_REQUEST_NULL;
+          // Mark it done for allreduce_progress's next step: a null request tests as complete.
+          st = allreduce_progress();
+        }
+      } else {
+        st = mpi_status(MPI_Wait(&p->request, MPI_STATUS_IGNORE), "MPI_Wait (allreduce)");
+        if (st.ok()) p->phase = 2;
+      }
+    }
+  }
+  for (Pending* p : pending_) delete p;
+  pending_.clear();
+  return st;
 }
 
 Status Comm::broadcast(void* data, int64_t n, int root) {

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <unistd.h>
 
 #include "tessera/checkpoint.h"
@@ -852,22 +853,93 @@ void add_gradients(Parameters& dst, const Parameters& src) {
   }
 }
 
-// Every rank's gradients summed, in rank order (Comm::allreduce_sum), through one flat buffer.
-Status allreduce_gradients(Comm& comm, Parameters& grads, std::vector<float>* flat) {
-  flat->resize(static_cast<size_t>(grads.numel()));
-  size_t at = 0;
-  for (const auto& [name, t] : grads) {
-    std::copy_n(t.data<float>(), t.numel(), flat->data() + at);
-    at += static_cast<size_t>(t.numel());
+// Data-parallel training's gradient buckets, one per part of the model in the order the backward
+// pass finishes them (GradOptions::on_part_done): the head with the final norm, blocks n_layers-1
+// to 0, the stem with the positions. In a step's last micro-batch on this rank, each part's
+// allreduce starts as soon as its gradients are done, and runs while the backward goes on below
+// it (as PyTorch's DDP does); parts the backward did not reach start after it, in the same order
+// on every rank. The sums are allreduce_sum's, so the bits do not depend on the buckets.
+class GradBuckets {
+ public:
+  GradBuckets(Parameters* grads, int64_t n_layers) : grads_(grads) {
+    std::vector<int64_t> order{n_layers};
+    for (int64_t l = n_layers - 1; l >= 0; --l) order.push_back(l);
+    order.push_back(-1);
+    for (int64_t part : order) {
+      Bucket b;
+      b.part = part;
+      for (size_t i = 0; i < grads->size(); ++i)
+        if (part_of((*grads)[i].first, n_layers) == part) b.entries.push_back(i);
+      if (b.entries.empty()) continue;
+      int64_t n = 0;
+      for (size_t i : b.entries) n += (*grads)[i].second.numel();
+      b.buf.resize(static_cast<size_t>(n));
+      buckets_.push_back(std::move(b));
+    }
   }
-  TSR_RETURN_IF_ERROR(comm.allreduce_sum(flat->data(), static_cast<int64_t>(flat->size())));
-  at = 0;
-  for (const auto& [name, t] : grads) {
-    std::copy_n(flat->data() + at, t.numel(), grads.find(name)->data<float>());
-    at += static_cast<size_t>(t.numel());
+  // A step's last micro-batch on this rank begins: its gradients go to *grads directly (add_from
+  // null), or are computed apart into add_from and added part by part.
+  void begin(Comm* comm, const Parameters* add_from) {
+    comm_ = comm;
+    add_from_ = add_from;
+    for (Bucket& b : buckets_) b.started = false;
   }
-  return Status::Ok();
-}
+  Status part_done(int64_t part) {
+    for (Bucket& b : buckets_)
+      if (b.part == part && !b.started) TSR_RETURN_IF_ERROR(start(b));
+    return comm_->allreduce_progress();
+  }
+  // The parts not started yet (a rank without a micro-batch this step: all of them), then every
+  // sum waited for and copied back into *grads.
+  Status finish() {
+    for (Bucket& b : buckets_)
+      if (!b.started) TSR_RETURN_IF_ERROR(start(b));
+    TSR_RETURN_IF_ERROR(comm_->allreduce_finish());
+    for (Bucket& b : buckets_) {
+      size_t at = 0;
+      for (size_t i : b.entries) {
+        Tensor* g = grads_->find((*grads_)[i].first);
+        std::copy_n(b.buf.data() + at, g->numel(), g->data<float>());
+        at += static_cast<size_t>(g->numel());
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  struct Bucket {
+    int64_t part = 0;
+    std::vector<size_t> entries;  // indices into *grads
+    std::vector<float> buf;
+    bool started = false;
+  };
+  static int64_t part_of(const std::string& name, int64_t n_layers) {
+    if (name.rfind("head.", 0) == 0 || name.rfind("final_norm.", 0) == 0) return n_layers;
+    if (name.rfind("blocks.", 0) == 0) return std::stoll(name.substr(7));
+    return -1;
+  }
+  Status start(Bucket& b) {
+    size_t at = 0;
+    for (size_t i : b.entries) {
+      Tensor* g = grads_->find((*grads_)[i].first);
+      float* d = g->data<float>();
+      const int64_t n = g->numel();
+      if (add_from_) {
+        const float* x = (*add_from_)[i].second.data<float>();
+        for (int64_t k = 0; k < n; ++k) d[k] += x[k];
+      }
+      std::copy_n(d, n, b.buf.data() + at);
+      at += static_cast<size_t>(n);
+    }
+    b.started = true;
+    return comm_->allreduce_start(b.buf.data(), static_cast<int64_t>(b.buf.size()));
+  }
+
+  Parameters* grads_;
+  Comm* comm_ = nullptr;
+  const Parameters* add_from_ = nullptr;
+  std::vector<Bucket> buckets_;
+};
 
 // The ranks' micro-batch losses, in micro-batch order (rank 0's first), on every rank.
 Result<std::vector<double>> gather_losses(Comm& comm, const std::vector<double>& mine) {
@@ -1089,7 +1161,8 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   // grads, so that their gradients are summed in micro-batch order whatever the number of ranks
   // that computes them (the allreduce below adds the ranks' sums in rank order).
   Parameters scratch, trained_scratch;  // made when a rank first has a second micro-batch
-  std::vector<float> flat;  // the trained gradients in one buffer, for the allreduce
+  std::optional<GradBuckets> buckets;  // under MPI: the allreduce, part by part
+  if (n_ranks > 1) buckets.emplace(&trained_grads, c.n_layers);
   GradOptions go;
   go.reference = exp.runtime.reference;
   go.dropout = {static_cast<float>(tc.dropout.embedding), static_cast<float>(tc.dropout.attention),
@@ -1205,14 +1278,20 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         trained_scratch = trained_part(tc, scratch);
       }
       if (!first_here) scratch.zero();
-      Result<LossValue> r = compute_gradients(c, params, b, tg, first_here ? &grads : &scratch, go);
+      const bool last_here = j == j_end - 1;
+      GradOptions gj = go;
+      if (buckets && last_here) {  // its parts' allreduces start during its backward
+        buckets->begin(&comm, first_here ? nullptr : &trained_scratch);
+        gj.on_part_done = [&](int64_t part) { return buckets->part_done(part); };
+      }
+      Result<LossValue> r = compute_gradients(c, params, b, tg, first_here ? &grads : &scratch, gj);
       if (!r.ok()) return r.status().with_prefix("train: step " + std::to_string(step + 1));
-      if (!first_here) add_gradients(trained_grads, trained_scratch);
+      if (!first_here && !(buckets && last_here)) add_gradients(trained_grads, trained_scratch);
       micro_losses.push_back(r->loss);
     }
-    if (n_ranks > 1) {
-      TSR_RETURN_IF_ERROR(
-          allreduce_gradients(comm, trained_grads, &flat).with_prefix("train: step " + std::to_string(step + 1)));
+    if (buckets) {
+      if (j_begin == j_end) buckets->begin(&comm, nullptr);  // no micro-batch here this step: zeros
+      TSR_RETURN_IF_ERROR(buckets->finish().with_prefix("train: step " + std::to_string(step + 1)));
       TSR_ASSIGN_OR_RETURN(micro_losses, gather_losses(comm, micro_losses));
     }
     const int64_t parts = n_micro;
