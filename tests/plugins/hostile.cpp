@@ -6,8 +6,11 @@
 //   OOM    allocate until malloc fails, then report "out of memory" as plugin.hpp does
 //   OMP    run an OpenMP parallel region of 2 threads first
 //   ROWS   return one sequence of 1,000,000 rows (for the host's row limit)
+//   KILL   SIGKILL its own process, when the environment's HOSTILE_KILL_RANK names the MPI rank
+//          it runs in (OMPI_COMM_WORLD_RANK or PMI_RANK): a rank dying mid-run
 // so that the host's isolation of plugins can be tested. Item text containing none of these
 // encodes normally.
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -46,6 +49,12 @@ int32_t describe(void*, tsr_encoder_info* info, tsr_error*) {
 
 int32_t encode(void*, const tsr_item* item, tsr_encoding** out, tsr_error* error) {
   const std::string_view text(reinterpret_cast<const char*>(item->data), item->n_data);
+  if (text.find("KILL") != std::string_view::npos) {
+    const char* want = std::getenv("HOSTILE_KILL_RANK");
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank) rank = std::getenv("PMI_RANK");
+    if (want && rank && std::strcmp(want, rank) == 0) std::raise(SIGKILL);
+  }
   if (text.find("SEGV") != std::string_view::npos) *g_null = 1;
   if (text.find("ABORT") != std::string_view::npos) std::abort();
   if (text.find("LOOP") != std::string_view::npos)

@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "tessera/comm.h"
 #include "common.h"
 #include "tessera/fileio.h"
 #include "tessera/run.h"
@@ -87,7 +88,12 @@ int run_run(const RunArgs& a) {
   opt.stop = &g_stop_signal;
   catch_stop_signals();
   Result<RunSummary> r = run_experiment(*exp, opt);
+  // Under MPI, rank 0 speaks for the job; another rank prints only its own failure.
+  const bool speaks = Comm::world().rank() == 0;
   if (!r.ok()) {
+    if (r.status().message().empty()) return r.status().code() == Code::internal || r.status().code() == Code::io_error
+                                                 ? kExitFailure
+                                                 : kExitBadInput;  // rank 0 said why
     std::fprintf(stderr, "tessera run: %s\n", r.status().message().c_str());
     const Code c = r.status().code();
     if (c == Code::io_error)  // a full disk, a read-only folder: the batches written stay written
@@ -96,6 +102,7 @@ int run_run(const RunArgs& a) {
     return c == Code::internal || c == Code::io_error ? kExitFailure : kExitBadInput;
   }
   const RunSummary& s = *r;
+  if (!speaks) return s.stopped_by != 0 ? 128 + s.stopped_by : s.failed > 0 ? kExitSomeItemsFailed : kExitOk;
   if (s.stopped_by != 0) {  // exit 128 + the signal, as the shell reports a process it ended
     std::fprintf(stderr, "tessera run: stopped by %s: %lld of %lld batches kept in %s; continue with --resume\n",
                  s.stopped_by == SIGINT ? "SIGINT" : s.stopped_by == SIGTERM ? "SIGTERM" : strsignal(s.stopped_by),

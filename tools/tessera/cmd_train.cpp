@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "tessera/comm.h"
 #include "common.h"
 #include "tessera/train.h"
 
@@ -33,6 +34,7 @@ int run_train(const TrainArgs& a) {
     return r.status().code() == Code::invalid_argument ? kExitBadInput : kExitFailure;
   }
   const TrainSummary& s = *r;
+  if (Comm::world().rank() != 0) return kExitOk;  // under MPI, rank 0 speaks for the job
   std::printf("trained %lld steps%s in %.1f s; run folder %s\n", static_cast<long long>(s.steps),
               s.steps_resumed ? (" (" + std::to_string(s.steps_resumed) + " before the resume)").c_str() : "",
               s.seconds, s.dir.c_str());

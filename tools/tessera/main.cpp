@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "tessera/comm.h"
 #include "tessera/config.h"
 #include "tessera/ops.h"
 
@@ -33,10 +34,22 @@ constexpr const char* kExamples =
     "  tessera plugins --options\n"
     "(The paths are the source tree's.) Run `tessera SUBCOMMAND --help` for a subcommand's options.";
 
+// "MPI: Open MPI v4.1.4 (built in), rank 0 of 2" or "MPI: not built in ...".
+std::string mpi_text() {
+  std::string lib = mpi_library();
+  if (lib.empty()) return "MPI: not built in (build with Debian's libopenmpi-dev to run under mpirun)";
+  lib = lib.substr(0, lib.find(','));
+  const Comm& c = Comm::world();
+  return "MPI: " + lib + " (built in), " +
+         (started_by_mpi_launcher() ? "rank " + std::to_string(c.rank()) + " of " + std::to_string(c.size())
+                                    : std::string("one process (not started by mpirun or srun)"));
+}
+
 std::string version_text() {
   const RuntimeInfo ri = runtime_info();
   return std::string("tessera ") + TESSERA_VERSION + "\noneDNN " + ri.onednn_version + ", " + ri.isa + ", " +
-         std::to_string(ri.threads) + " threads, bf16 " + (ri.native_bf16 ? "native" : "emulated in f32");
+         std::to_string(ri.threads) + " threads, bf16 " + (ri.native_bf16 ? "native" : "emulated in f32") + "\n" +
+         mpi_text();
 }
 
 void add_version(CLI::App& app, std::function<int()>* run) {

@@ -80,6 +80,11 @@ struct GradOptions {
   // With bf16: the matmul weights' bf16 copies (lowp_weights of the same parameters), made once
   // per optimizer step; null: compute_gradients makes them itself for this call.
   const Parameters* lowp = nullptr;
+  // Called as the backward pass finishes the gradients of a part of the model: n_layers when the
+  // head's and the final norm's are done, then l as block l's are, then -1 when the stem's (and
+  // the positions') are. Data-parallel training starts each part's allreduce there, while the
+  // backward goes on below it. A part the backward does not reach (train.freeze) is not called.
+  std::function<Status(int64_t part)> on_part_done;
 };
 
 struct LossValue {

@@ -219,6 +219,7 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
                                                G.find("final_norm.gamma"), G.find("final_norm.beta")));
     dx = d;
   }
+  if (opt.on_part_done) TSR_RETURN_IF_ERROR(opt.on_part_done(c.n_layers));
   const int64_t first_block = opt.backward_stem ? 0 : std::clamp<int64_t>(opt.backward_first_block, 0, c.n_layers);
   for (int64_t l = c.n_layers - 1; l >= first_block; --l) {
     Tensor d;
@@ -226,6 +227,7 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
                                               lay, dx, d, G, "blocks." + std::to_string(l)));
     dx = d;
     saved[static_cast<size_t>(l)] = model::BlockSaved();  // its activations are no longer needed
+    if (opt.on_part_done) TSR_RETURN_IF_ERROR(opt.on_part_done(l));
   }
   Tensor d_rows;
   if (!opt.backward_stem) return result;  // nothing below is trained
@@ -237,6 +239,7 @@ Result<LossValue> compute_gradients(const ModelConfig& c, const Parameters& P, c
     const int64_t F = d_rows.dim(1);
     result.d_rows = d_rows.reshape({B, batch.seq_len(), F});
   }
+  if (opt.on_part_done) TSR_RETURN_IF_ERROR(opt.on_part_done(-1));
   return result;
 }
 

@@ -14,9 +14,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <unistd.h>
 
 #include "tessera/checkpoint.h"
+#include "tessera/comm.h"
 #include "tessera/fileio.h"
 #include "tessera/machine.h"
 #include "tessera/optim.h"
@@ -886,6 +888,117 @@ Result<TrainSummary> train_mlm_baseline(const Experiment& exp, const Encoded& tr
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// dst += src, tensor by tensor (the same names and shapes).
+void add_gradients(Parameters& dst, const Parameters& src) {
+  for (size_t i = 0; i < dst.size(); ++i) {
+    float* d = dst.find(dst[i].first)->data<float>();
+    const float* x = src[i].second.data<float>();
+    const int64_t n = src[i].second.numel();
+    for (int64_t k = 0; k < n; ++k) d[k] += x[k];
+  }
+}
+
+// Data-parallel training's gradient buckets, one per part of the model in the order the backward
+// pass finishes them (GradOptions::on_part_done): the head with the final norm, blocks n_layers-1
+// to 0, the stem with the positions. In a step's last micro-batch on this rank, each part's
+// allreduce starts as soon as its gradients are done, and runs while the backward goes on below
+// it (as PyTorch's DDP does); parts the backward did not reach start after it, in the same order
+// on every rank. The sums are allreduce_sum's, so the bits do not depend on the buckets.
+class GradBuckets {
+ public:
+  GradBuckets(Parameters* grads, int64_t n_layers) : grads_(grads) {
+    std::vector<int64_t> order{n_layers};
+    for (int64_t l = n_layers - 1; l >= 0; --l) order.push_back(l);
+    order.push_back(-1);
+    for (int64_t part : order) {
+      Bucket b;
+      b.part = part;
+      for (size_t i = 0; i < grads->size(); ++i)
+        if (part_of((*grads)[i].first, n_layers) == part) b.entries.push_back(i);
+      if (b.entries.empty()) continue;
+      int64_t n = 0;
+      for (size_t i : b.entries) n += (*grads)[i].second.numel();
+      b.buf.resize(static_cast<size_t>(n));
+      buckets_.push_back(std::move(b));
+    }
+  }
+  // A step's last micro-batch on this rank begins: its gradients go to *grads directly (add_from
+  // null), or are computed apart into add_from and added part by part.
+  void begin(Comm* comm, const Parameters* add_from) {
+    comm_ = comm;
+    add_from_ = add_from;
+    for (Bucket& b : buckets_) b.started = false;
+  }
+  Status part_done(int64_t part) {
+    for (Bucket& b : buckets_)
+      if (b.part == part && !b.started) TSR_RETURN_IF_ERROR(start(b));
+    return comm_->allreduce_progress();
+  }
+  // The parts not started yet (a rank without a micro-batch this step: all of them), then every
+  // sum waited for and copied back into *grads.
+  Status finish() {
+    for (Bucket& b : buckets_)
+      if (!b.started) TSR_RETURN_IF_ERROR(start(b));
+    TSR_RETURN_IF_ERROR(comm_->allreduce_finish());
+    for (Bucket& b : buckets_) {
+      size_t at = 0;
+      for (size_t i : b.entries) {
+        Tensor* g = grads_->find((*grads_)[i].first);
+        std::copy_n(b.buf.data() + at, g->numel(), g->data<float>());
+        at += static_cast<size_t>(g->numel());
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  struct Bucket {
+    int64_t part = 0;
+    std::vector<size_t> entries;  // indices into *grads
+    std::vector<float> buf;
+    bool started = false;
+  };
+  static int64_t part_of(const std::string& name, int64_t n_layers) {
+    if (name.rfind("head.", 0) == 0 || name.rfind("final_norm.", 0) == 0) return n_layers;
+    if (name.rfind("blocks.", 0) == 0) return std::stoll(name.substr(7));
+    return -1;
+  }
+  Status start(Bucket& b) {
+    size_t at = 0;
+    for (size_t i : b.entries) {
+      Tensor* g = grads_->find((*grads_)[i].first);
+      float* d = g->data<float>();
+      const int64_t n = g->numel();
+      if (add_from_) {
+        const float* x = (*add_from_)[i].second.data<float>();
+        for (int64_t k = 0; k < n; ++k) d[k] += x[k];
+      }
+      std::copy_n(d, n, b.buf.data() + at);
+      at += static_cast<size_t>(n);
+    }
+    b.started = true;
+    return comm_->allreduce_start(b.buf.data(), static_cast<int64_t>(b.buf.size()));
+  }
+
+  Parameters* grads_;
+  Comm* comm_ = nullptr;
+  const Parameters* add_from_ = nullptr;
+  std::vector<Bucket> buckets_;
+};
+
+// The ranks' micro-batch losses, in micro-batch order (rank 0's first), on every rank.
+Result<std::vector<double>> gather_losses(Comm& comm, const std::vector<double>& mine) {
+  TSR_ASSIGN_OR_RETURN(std::vector<std::string> all, comm.allgather(json(mine).dump()));
+  std::vector<double> out;
+  for (const std::string& a : all)
+    for (double l : json::parse(a)) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
 Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const ModelConfig& c = exp.model;
@@ -912,17 +1025,25 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   if (fs::exists(ckpt_dir, ec) && !opt.resume && !opt.force)
     return Status::Invalid("train: " + sum.dir + " already holds a training run: pass --resume to continue it, "
                                  "or --force to start over");
-  if (opt.force && !opt.resume) {
+  // Under MPI every rank trains the same weights and rank 0 alone writes the run folder.
+  const bool root = launcher_rank() == 0;
+  if (opt.force && !opt.resume && root) {
     fs::remove_all(ckpt_dir, ec);
     for (const char* leaf : {"metrics.jsonl", "best.safetensors", "summary.json"})
       fs::remove(fs::path(sum.dir) / leaf, ec);  // nothing of the old run is left to be taken for the new
   }
   fs::create_directories(sum.dir, ec);
   if (ec) return Status::IoError("train: cannot create " + sum.dir + ": " + ec.message());
-  Progress progress(opt.progress);
+  Progress progress(opt.progress && root);
 
   // Data.
   TSR_ASSIGN_OR_RETURN(Sources src, open_plugins(exp));
+  // MPI starts after the plugins' worker processes are forked.
+  Comm& comm = Comm::world();
+  const int n_ranks = comm.size(), my_rank = comm.rank();
+  if (my_rank != launcher_rank())
+    return Status::Internal("train: MPI says rank " + std::to_string(my_rank) + ", the launcher's environment " +
+                            std::to_string(launcher_rank()));
   std::vector<std::string> classes;
   if (tc.objective == Objective::classify) {
     Result<std::vector<DataItem>> listed =
@@ -969,6 +1090,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   }
   TSR_RETURN_IF_ERROR(check_schedule(schedule_options(tc), total));
   if (tc.baseline != Baseline::none) {
+    if (n_ranks > 1)
+      return Status::Invalid("train: a baseline (train.baseline: " + std::string(baseline_name(tc.baseline)) +
+                             ") runs as one process: start it without mpirun or srun");
     if (mlm && val.items.empty()) return Status::Invalid("train: no held-out items to evaluate the baseline on");
     if (opt.resume)
       return Status::Invalid("train --resume: a baseline (train.baseline: " + std::string(baseline_name(tc.baseline)) +
@@ -1021,15 +1145,18 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         sum.budget_minutes = st.value("budget_minutes", 0.0);
       }
     }
-    TSR_RETURN_IF_ERROR(trim_metrics(metrics_path, step));
+    if (root) TSR_RETURN_IF_ERROR(trim_metrics(metrics_path, step));
     sum.steps_resumed = step;
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
+  std::ofstream metrics;
+  if (root) metrics.open(metrics_path, std::ios::app);
   auto log = [&](const json& j) {
+    if (!root) return;
     metrics << j.dump() << "\n";
     metrics.flush();
   };
   auto save = [&](int64_t at) -> Status {
+    if (!root) return Status::Ok();
     Checkpoint ck;
     ck.step = at;
     ck.weights = params;
@@ -1064,6 +1191,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   // The pictures of the run so far (loss.png, metric.png, confusion.png): a failure to draw them
   // is reported and training goes on.
   auto plots = [&](const std::vector<std::vector<int64_t>>& confusion) {
+    if (!root) return;
     const Status st = report::write_plots(sum.dir, classes, confusion, c.head.tasks);
     if (!st.ok()) progress.line("train: no plots: " + st.message());
   };
@@ -1072,6 +1200,12 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   const TensorReuse reuse;
   Parameters grads = params.zeros_like();
   Parameters trained_grads = trained_part(tc, grads);  // the same storage
+  // A step's micro-batches after its first (on this rank) are computed into `scratch` and added to
+  // grads, so that their gradients are summed in micro-batch order whatever the number of ranks
+  // that computes them (the allreduce below adds the ranks' sums in rank order).
+  Parameters scratch, trained_scratch;  // made when a rank first has a second micro-batch
+  std::optional<GradBuckets> buckets;  // under MPI: the allreduce, part by part
+  if (n_ranks > 1) buckets.emplace(&trained_grads, c.n_layers);
   GradOptions go;
   go.reference = exp.runtime.reference;
   go.dropout = {static_cast<float>(tc.dropout.embedding), static_cast<float>(tc.dropout.attention),
@@ -1086,7 +1220,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
     lowp = lowp_weights(c, params);
     go.lowp = &lowp;
   }
-  const int64_t micro = tc.batch_size / tc.accumulate;
+  // Under N ranks the step's batch is cut into at least N micro-batches, so that each rank has a
+  // part of it: one process with train.accumulate N (and the same threads) gives the same bits.
+  const int64_t micro = std::max<int64_t>(1, tc.batch_size / std::max<int64_t>(tc.accumulate, n_ranks));
   // The test set, scored once at the end with the best weights. Under a budget it is encoded now,
   // so that what scoring it costs is known when the step count is settled.
   Encoded test;
@@ -1137,8 +1273,13 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         picks.push_back(order[static_cast<size_t>(i)]);
     }
     double step_loss = 0;
-    int64_t parts = 0;
-    for (size_t m0 = 0; m0 < picks.size(); m0 += static_cast<size_t>(micro)) {
+    // The step's micro-batches j = 0 .. M-1 (micro examples each); rank r of N computes those in
+    // [M r / N, M (r + 1) / N). Their losses, in order, are summed after the step.
+    const int64_t n_micro = (static_cast<int64_t>(picks.size()) + micro - 1) / micro;
+    const int64_t j_begin = n_micro * my_rank / n_ranks, j_end = n_micro * (my_rank + 1) / n_ranks;
+    std::vector<double> micro_losses;
+    for (int64_t j = j_begin; j < j_end; ++j) {
+      const size_t m0 = static_cast<size_t>(j * micro);
       const std::vector<int64_t> mb(picks.begin() + static_cast<std::ptrdiff_t>(m0),
                                     picks.begin() + static_cast<std::ptrdiff_t>(std::min(picks.size(), m0 + static_cast<size_t>(micro))));
       Batch b;
@@ -1173,12 +1314,31 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         tg.label_blocks = label_blocks(c, ex);
       }
       go.dropout.step = static_cast<uint64_t>(step);
-      go.dropout.micro_batch = static_cast<uint64_t>(parts);
-      Result<LossValue> r = compute_gradients(c, params, b, tg, &grads, go);
+      go.dropout.micro_batch = static_cast<uint64_t>(j);
+      const bool first_here = j == j_begin;
+      if (!first_here && scratch.size() == 0) {
+        scratch = params.zeros_like();
+        trained_scratch = trained_part(tc, scratch);
+      }
+      if (!first_here) scratch.zero();
+      const bool last_here = j == j_end - 1;
+      GradOptions gj = go;
+      if (buckets && last_here) {  // its parts' allreduces start during its backward
+        buckets->begin(&comm, first_here ? nullptr : &trained_scratch);
+        gj.on_part_done = [&](int64_t part) { return buckets->part_done(part); };
+      }
+      Result<LossValue> r = compute_gradients(c, params, b, tg, first_here ? &grads : &scratch, gj);
       if (!r.ok()) return r.status().with_prefix("train: step " + std::to_string(step + 1));
-      step_loss += r->loss;
-      ++parts;
+      if (!first_here && !(buckets && last_here)) add_gradients(trained_grads, trained_scratch);
+      micro_losses.push_back(r->loss);
     }
+    if (buckets) {
+      if (j_begin == j_end) buckets->begin(&comm, nullptr);  // no micro-batch here this step: zeros
+      TSR_RETURN_IF_ERROR(buckets->finish().with_prefix("train: step " + std::to_string(step + 1)));
+      TSR_ASSIGN_OR_RETURN(micro_losses, gather_losses(comm, micro_losses));
+    }
+    const int64_t parts = n_micro;
+    for (double l : micro_losses) step_loss += l;
     if (parts > 1) scale(trained_grads, 1.0 / static_cast<double>(parts));
     step_loss /= static_cast<double>(parts);
     std::string bad;
@@ -1215,7 +1375,9 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
       const int64_t every = tc.eval_every > 0 ? tc.eval_every : steps_per_epoch;
       const double left = 0.90 * tc.max_minutes * 60.0 - seconds_since(t0) - eval_s - test_s;
       const double fit = std::floor(std::max(0.0, left) / (step_s + eval_s / static_cast<double>(every)));
-      const int64_t budgeted = step + std::max<int64_t>(1, static_cast<int64_t>(std::min(fit, 1e15)));
+      int64_t budgeted = step + std::max<int64_t>(1, static_cast<int64_t>(std::min(fit, 1e15)));
+      // Every rank takes rank 0's count: the ranks' clocks differ, their step counts must not.
+      TSR_RETURN_IF_ERROR(comm.broadcast(&budgeted, sizeof budgeted, 0));
       total = std::min(total, budgeted);
       settled = true;
       sum.budget_minutes = tc.max_minutes;
@@ -1250,7 +1412,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
         best_step = step;
         have_best = true;
         since_best = 0;
-        TSR_RETURN_IF_ERROR(params.save((fs::path(sum.dir) / "best.safetensors").string()));
+        if (root) TSR_RETURN_IF_ERROR(params.save((fs::path(sum.dir) / "best.safetensors").string()));
       } else {
         ++since_best;
       }
@@ -1279,6 +1441,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   sum.metric = tc.metric;
   if (!tc.test_data.empty()) {
     if (!test_encoded) TSR_RETURN_IF_ERROR(encode_test());
+    TSR_RETURN_IF_ERROR(comm.barrier());  // rank 0 has written best.safetensors
     TSR_ASSIGN_OR_RETURN(Parameters best_params, load_weights((fs::path(sum.dir) / "best.safetensors").string(), c));
     TSR_ASSIGN_OR_RETURN(sum.test, evaluate(exp, best_params, test, micro, &spec));
     log({{"step", step}, {"test", eval_json(sum.test)}, {"weights", "best.safetensors"}});
@@ -1289,6 +1452,7 @@ Result<TrainSummary> train_experiment(const Experiment& exp, const TrainOptions&
   if (sum.test.counted) s["test"] = eval_json(sum.test);
   if (sum.budget_minutes > 0) s["budget_minutes"] = sum.budget_minutes;
   if (sum.bad_items > 0) s["bad_items"] = sum.bad_items;
+  if (!root) return sum;
   TSR_RETURN_IF_ERROR(write_file_atomic((fs::path(sum.dir) / "summary.json").string(), s.dump(2) + "\n"));
   plots(sum.test.counted ? sum.test.confusion : best.confusion);
   const std::string model_line = "d_model " + std::to_string(c.d_model) + ", " + std::to_string(c.n_layers) +
