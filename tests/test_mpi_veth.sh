@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # MPI across two "hosts" on one machine (docs/DISTRIBUTED.md): two network namespaces joined by a
-# veth pair, 10.77.X.1 and 10.77.X.2, each with its own host name; mpirun starts in the first and
-# reaches the second through a launch agent (what ssh is on a cluster) that enters it, and the
-# ranks talk TCP over the pair (btl tcp, restricted to its subnet). Over it:
+# veth pair (tests/mpi_netns.sh), the ranks one in each, talking TCP over the pair. Over it:
 #   1. the communicator's suite on 2 ranks (one in each namespace);
 #   2. a sharded batch run on 2 ranks, byte-identical to one process;
 #   3. data-parallel training on 2 ranks, the bits of one process with accumulate 2.
@@ -16,12 +14,10 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v unshare >/d
   echo "skipped: needs root, ip (iproute2) and unshare to make network namespaces"
   exit 77
 fi
-tag=t$$
-na=${tag}a nb=${tag}b sub=$(($$ % 200 + 20))
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tessera_mpi_veth.XXXXXX")
+source "$(dirname "$0")/mpi_netns.sh"
 cleanup() {
-  ip netns del "$na" 2>/dev/null || true
-  ip netns del "$nb" 2>/dev/null || true
+  netns_pair_down
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -29,39 +25,13 @@ fail() {
   echo "FAILED: $*" >&2
   exit 1
 }
-if ! ip netns add "$na" 2>"$tmp/netns.err"; then
-  echo "skipped: cannot make a network namespace here ($(cat "$tmp/netns.err"))"
+if ! netns_pair_up "$tmp"; then
+  echo "skipped: no network namespaces here"
   exit 77
 fi
-ip netns add "$nb"
-ip link add "${tag}va" type veth peer name "${tag}vb"
-ip link set "${tag}va" netns "$na"
-ip link set "${tag}vb" netns "$nb"
-ip -n "$na" addr add "10.77.$sub.1/24" dev "${tag}va"
-ip -n "$nb" addr add "10.77.$sub.2/24" dev "${tag}vb"
-for n in "$na" "$nb"; do ip -n "$n" link set lo up; done
-ip -n "$na" link set "${tag}va" up
-ip -n "$nb" link set "${tag}vb" up
-
-# The launch agent: called as ssh would be (options, host, command), it runs the command in the
-# host's namespace, under the host's own name.
-cat >"$tmp/agent.sh" <<EOF
-#!/bin/sh
-while [ "\${1#-}" != "\$1" ]; do shift; done
-host=\$1
-shift
-case \$host in 10.77.$sub.2) ns=$nb ;; *) ns=$na ;; esac
-exec ip netns exec "\$ns" unshare --uts /bin/sh -c "hostname \$ns; \$*"
-EOF
-chmod +x "$tmp/agent.sh"
-printf '10.77.%s.1 slots=1\n10.77.%s.2 slots=1\n' "$sub" "$sub" >"$tmp/hosts"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
-in_a() { ip netns exec "$na" unshare --uts /bin/sh -c "hostname $na; \"\$@\"" sh "$@"; }
-mpi2() {
-  in_a mpirun -np 2 --hostfile "$tmp/hosts" --mca plm_rsh_agent "$tmp/agent.sh" --mca plm_rsh_no_tree_spawn 1 \
-    --mca btl self,tcp --mca btl_tcp_if_include "10.77.$sub.0/24" --mca oob_tcp_if_include "10.77.$sub.0/24" \
-    -x OMP_WAIT_POLICY "$@"
-}
+export OMP_WAIT_POLICY=passive
+mpi2() { mpi_pair -x OMP_WAIT_POLICY "$@"; }
+na=$netns_a nb=$netns_b sub=$netns_sub
 
 # Where the ranks are: one in each namespace, each seeing its own address.
 where=$(mpi2 /bin/sh -c 'echo "$(hostname) $(ip -4 -o addr show | grep -o "10\.77\.[0-9]*\.[0-9]*")"' | sort)
