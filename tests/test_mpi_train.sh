@@ -3,6 +3,7 @@
 # Each rank computes its micro-batches of the global batch, the gradients are summed in rank order,
 # and every rank takes the same step; rank 0 alone writes the run folder. With one micro-batch per
 # rank the weights are the bits of one process with train.accumulate = N and the same threads:
+#   0. a config error said once, by rank 0;
 #   1. 2 ranks (accumulate 2) and 3 ranks (accumulate 3) against one process, with dropout and
 #      label smoothing: the same best.safetensors, checkpoints and metrics (but the speed);
 #   2. rank 1 of 2 killed mid-run, the run resumed in one process: the same bits as one process;
@@ -88,6 +89,12 @@ train() {  # train OUT RANKS [--set ...]: a fresh run
     [ "$(grep -c "^trained " "$tmp/$out.out")" = 1 ] || fail "$ranks ranks: the summary is not printed once"
   fi
 }
+
+# 0. A config error under mpirun: said once (by rank 0), and the job fails.
+rc=0
+mpi 2 "$T" train "$tmp/exp.yaml" --out "$tmp/bad" --set train.lr=-1 >/dev/null 2>"$tmp/bad.err" || rc=$?
+[ "$rc" != 0 ] || fail "a config error under mpirun exited 0"
+[ "$(grep -c "problem(s) in" "$tmp/bad.err")" = 1 ] || { cat "$tmp/bad.err" >&2; fail "the config error is not said once"; }
 
 # 1. Bit for bit against one process with accumulate = N.
 train one2 1 --set train.accumulate=2

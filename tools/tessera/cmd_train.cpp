@@ -30,7 +30,10 @@ int run_train(const TrainArgs& a) {
   opt.progress = !a.quiet;
   Result<TrainSummary> r = train_experiment(*exp, opt);
   if (!r.ok()) {
-    std::fprintf(stderr, "tessera train: %s\n", r.status().message().c_str());
+    // Under MPI each rank says its own failure, naming itself (rank 1's may be the only one).
+    const Comm& c = Comm::world();
+    const std::string who = c.distributed() ? "rank " + std::to_string(c.rank()) + ": " : "";
+    std::fprintf(stderr, "tessera train: %s%s\n", who.c_str(), r.status().message().c_str());
     return r.status().code() == Code::invalid_argument ? kExitBadInput : kExitFailure;
   }
   const TrainSummary& s = *r;

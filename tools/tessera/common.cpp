@@ -1,6 +1,8 @@
 // Shared pieces of the subcommands; see common.h.
 #include "common.h"
 
+#include "tessera/comm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,8 +21,10 @@ std::optional<Experiment> load(const std::string& file, const std::vector<std::s
   std::optional<Experiment> exp = load_experiment(file, opts, &diags);
   if (exp) validate_weights(exp->model, &diags);
   if (!diags.empty()) {
-    std::fprintf(stderr, "%s\n", diags.str().c_str());
-    std::fprintf(stderr, "tessera: %zu problem(s) in %s; nothing was run\n", diags.size(), file.c_str());
+    if (launcher_rank() == 0) {  // under MPI every rank reads the same file: rank 0 says what is wrong
+      std::fprintf(stderr, "%s\n", diags.str().c_str());
+      std::fprintf(stderr, "tessera: %zu problem(s) in %s; nothing was run\n", diags.size(), file.c_str());
+    }
     return std::nullopt;
   }
   return exp;
