@@ -6,7 +6,8 @@
 #   0. a config error said once, by rank 0;
 #   1. 2 ranks (accumulate 2) and 3 ranks (accumulate 3) against one process, with dropout and
 #      label smoothing: the same best.safetensors, checkpoints and metrics (but the speed);
-#   2. rank 1 of 2 killed mid-run, the run resumed in one process: the same bits as one process;
+#   2. rank 1 of 2 killed mid-run, the run resumed on 2 ranks, and in one process: the same bits
+#      as one process;
 #   3. 3 ranks with accumulate 4 (micro-batches 1, 1 and 2: another order of the sum): within
 #      float rounding of one process (a loss within 1e-6 relative).
 #   test_mpi_train.sh BINARY_DIR
@@ -109,32 +110,41 @@ train np3 3 --set train.accumulate=3
 same_run "$tmp/one3" "$tmp/np3"
 echo "2 and 3 ranks: the same bits as one process with accumulate 2 and 3"
 
-# 2. Rank 1 killed (SIGKILL) once the first checkpoint is written, the run resumed in one process:
-# the same bits as one process from the start (300 steps, a checkpoint every 3).
+# 2. Rank 1 killed (SIGKILL) once the first checkpoint is written, the run resumed on 2 ranks and
+# (killed again) in one process: the same bits as one process from the start (300 steps, a
+# checkpoint every 3).
 long=(--set train.accumulate=2 --set train.max_steps=300)
 train ref 1 "${long[@]}"
-rc=0
-mpi 2 "$T" train "$tmp/exp.yaml" --out "$tmp/split" --quiet "${long[@]}" >/dev/null 2>"$tmp/split.err" &
-job=$!
-for _ in $(seq 1 2000); do
-  [ -e "$tmp/split/checkpoints/latest" ] && break
-  sleep 0.005
+for resume_ranks in 2 1; do
+  rc=0
+  mpi 2 "$T" train "$tmp/exp.yaml" --out "$tmp/split" --force --quiet "${long[@]}" >/dev/null 2>"$tmp/split.err" &
+  job=$!
+  rm -f "$tmp/split/checkpoints/latest"
+  for _ in $(seq 1 2000); do
+    [ -e "$tmp/split/checkpoints/latest" ] && break
+    sleep 0.005
+  done
+  victim=""
+  for p in $(pgrep -P "$(pgrep -P "$job" -x mpirun || echo "$job")" || true); do  # the rank whose environment says 1
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$p; fi
+  done
+  [ -n "$victim" ] || fail "no rank 1 to kill (did the run end first?)"
+  kill -9 "$victim" 2>/dev/null || true
+  wait "$job" || rc=$?
+  killed_at=$(cat "$tmp/split/checkpoints/latest" 2>/dev/null || echo "?")
+  [ "$rc" != 0 ] || fail "the job with a killed rank exited 0"
+  grep -q "rank 1 .*signal 9" "$tmp/split.err" || { cat "$tmp/split.err" >&2; fail "mpirun did not name the killed rank"; }
+  [ ! -e "$tmp/split/summary.json" ] || fail "the killed run finished anyway"
+  if [ "$resume_ranks" = 1 ]; then
+    "$T" train "$tmp/exp.yaml" --out "$tmp/split" --resume --quiet "${long[@]}" >/dev/null || fail "the resume in one process"
+  else
+    mpi "$resume_ranks" "$T" train "$tmp/exp.yaml" --out "$tmp/split" --resume --quiet "${long[@]}" >/dev/null ||
+      fail "the resume on $resume_ranks ranks"
+  fi
+  cmp -s "$tmp/ref/best.safetensors" "$tmp/split/best.safetensors" || fail "killed on 2 ranks, resumed on $resume_ranks: other weights"
+  [ "$(metrics "$tmp/ref")" = "$(metrics "$tmp/split")" ] || fail "killed on 2 ranks, resumed on $resume_ranks: other metrics"
+  echo "rank 1 killed on 2 ranks (latest checkpoint $killed_at), resumed on $resume_ranks: the same bits as one process"
 done
-victim=""
-for p in $(pgrep -P "$(pgrep -P "$job" -x mpirun || echo "$job")" || true); do  # the rank whose environment says 1
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$p; fi
-done
-[ -n "$victim" ] || fail "no rank 1 to kill (did the run end first?)"
-kill -9 "$victim" 2>/dev/null || true
-wait "$job" || rc=$?
-killed_at=$(cat "$tmp/split/checkpoints/latest" 2>/dev/null || echo "?")
-[ "$rc" != 0 ] || fail "the job with a killed rank exited 0"
-grep -q "rank 1 .*signal 9" "$tmp/split.err" || { cat "$tmp/split.err" >&2; fail "mpirun did not name the killed rank"; }
-[ ! -e "$tmp/split/summary.json" ] || fail "the killed run finished anyway"
-"$T" train "$tmp/exp.yaml" --out "$tmp/split" --resume --quiet "${long[@]}" >/dev/null || fail "the resume in one process"
-cmp -s "$tmp/ref/best.safetensors" "$tmp/split/best.safetensors" || fail "killed on 2 ranks, resumed in one: other weights"
-[ "$(metrics "$tmp/ref")" = "$(metrics "$tmp/split")" ] || fail "killed on 2 ranks, resumed in one: other metrics"
-echo "rank 1 killed on 2 ranks (latest checkpoint $killed_at), resumed in one process: the same bits"
 
 # 3. Another order of the sum: within rounding.
 train one4 1 --set train.accumulate=4
