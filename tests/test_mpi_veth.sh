@@ -4,14 +4,14 @@
 #   1. the communicator's suite on 2 ranks (one in each namespace);
 #   2. a sharded batch run on 2 ranks, byte-identical to one process;
 #   3. data-parallel training on 2 ranks, the bits of one process with accumulate 2.
-# Needs root (network namespaces) and iproute2; exits 77 (skipped) without them.
+# Needs root (network namespaces), iproute2 and util-linux; exits 77 (skipped) without them.
 #   test_mpi_veth.sh BINARY_DIR TEST_PLUGIN_DIR
 set -euo pipefail
 bin=$(cd "$1" && pwd)
 plugins=$(cd "$2" && pwd)
 T=$bin/tessera
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then
-  echo "skipped: needs root, ip (iproute2) and unshare to make network namespaces"
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v unshare >/dev/null || ! command -v nsenter >/dev/null; then
+  echo "skipped: needs root, ip (iproute2), unshare and nsenter to make network namespaces"
   exit 77
 fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tessera_mpi_veth.XXXXXX")
