@@ -13,19 +13,7 @@ plugins=$(cd "$2" && pwd)
 T=$bin/tessera
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tessera_mpi_run.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-# Open MPI: leave to run as root (CI's fresh root), no single-copy shared memory (containers
-# without ptrace rights); OpenMP threads that sleep while they wait, ranks share the cores.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMP_WAIT_POLICY=passive
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
-mpi() {
-  local n=$1
-  shift
-  mpirun -np "$n" --oversubscribe "$@"
-}
+source "$(dirname "$0")/mpi_common.sh"
 same() {  # same DIR_A DIR_B: the same files with the same bytes
   diff -r "$1" "$2" >/dev/null || {
     diff -rq "$1" "$2" >&2 || true

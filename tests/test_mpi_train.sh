@@ -16,17 +16,7 @@ bin=$(cd "$1" && pwd)
 T=$bin/tessera
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tessera_mpi_train.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMP_WAIT_POLICY=passive
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
-mpi() {
-  local n=$1
-  shift
-  mpirun -np "$n" --oversubscribe "$@"
-}
+source "$(dirname "$0")/mpi_common.sh"
 metrics() { sed -E 's/"examples_per_s":[^,}]*,?//' "$1/metrics.jsonl"; }  # all but the speed
 same_run() {  # same_run DIR_A DIR_B: the same weights, checkpoints and metrics
   cmp -s "$1/best.safetensors" "$2/best.safetensors" || fail "$2/best.safetensors is not $1's"

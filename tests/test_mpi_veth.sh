@@ -21,15 +21,11 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/mpi_common.sh"
 if ! netns_pair_up "$tmp"; then
   echo "skipped: no network namespaces here"
   exit 77
 fi
-export OMP_WAIT_POLICY=passive
 mpi2() { mpi_pair -x OMP_WAIT_POLICY "$@"; }
 na=$netns_a nb=$netns_b sub=$netns_sub
 
