@@ -53,7 +53,7 @@ model:
   positions: {kind: learned, max_len: 64}
   head: {kind: pool, pool: mean}
 data: {path: lines.txt}
-runtime: {batch_size: 2}
+runtime: {batch_size: 2, threads: 1}
 task: {kind: embed}
 EOF
 "$T" run "$tmp/run.yaml" --out "$tmp/one" --quiet >/dev/null || fail "one process"
