@@ -28,7 +28,7 @@ HARNESSES=("$@")
 if [ -z "${FUZZ_NO_BUILD:-}" ]; then
   launcher=()
   command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-  CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_FUZZ=ON \
+  CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_FUZZ=ON -DTESSERA_MPI=OFF \
     -DTESSERA_BUILD_TESTS=OFF "${launcher[@]}" >/dev/null || exit 2
   nice -n "${FUZZ_NICE:-10}" cmake --build "$BUILD" -j"${FUZZ_JOBS:-2}" --target tessera_fuzzers || exit 2
 fi
