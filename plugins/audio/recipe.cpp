@@ -76,7 +76,7 @@ Features Extractor::compute(const std::vector<double>& audio) {
   if (fe_.normalise)
     for (double& v : mel) v = (v - fe_.mean) / (2 * fe_.std);
 
-  out.content_frames = std::min(content, centred ? out.n_frames : kept);
+  out.content_frames = std::min(content, out.n_frames);  // trimmed rows are no content
   out.values.assign(mel.begin(), mel.end());
   return out;
 }
