@@ -270,3 +270,16 @@ TEST(NpyRefuses, ShapeWhoseByteCountOverflows) {
           .message(),
       StartsWith("bad.npy: 'shape' has more elements than fit in 63 bits"));
 }
+
+// A zero dimension beside a huge one is an empty array, not an allocation past 64 bits (the npy
+// fuzzer's finding, tests/data/fuzz-regressions/npy/).
+TEST(NpyReads, AZeroDimensionBesideAHugeOneIsEmpty) {
+  std::ifstream in(std::string(TESSERA_TEST_DATA) + "/fuzz-regressions/npy/zero-dim-beside-a-huge-one.npy",
+                   std::ios::binary);
+  ASSERT_TRUE(in);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Result<Tensor> t = npy::parse("found.npy", bytes);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t->numel(), 0);
+  EXPECT_EQ(t->dim(0), 6450984253743169534);
+}

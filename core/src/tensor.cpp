@@ -310,9 +310,13 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
-  size_t bytes = dtype_size(dtype);  // a size past 64 bits cannot be allocated: never wrap it around
+  // A size past 64 bits cannot be allocated: never wrap it around. A zero dimension makes any
+  // shape empty, however large the others (a .npy header may say (huge, 0)).
+  bool zero = false;
+  for (int64_t d : shape) zero |= d == 0;
+  size_t bytes = zero ? 0 : dtype_size(dtype);
   for (int64_t d : shape)
-    if (__builtin_mul_overflow(bytes, static_cast<size_t>(d), &bytes)) throw std::bad_alloc();
+    if (!zero && __builtin_mul_overflow(bytes, static_cast<size_t>(d), &bytes)) throw std::bad_alloc();
   t.storage_ = allocate(bytes);
   int64_t s = 1;
   for (int i = shape.rank() - 1; i >= 0; --i) {
